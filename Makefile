@@ -1,0 +1,21 @@
+# The two commands of the README. Both are idempotent: they create/update .venv first.
+PY := .venv/bin/python
+DEMO_ARGS ?=
+
+.PHONY: demo test test-all lint bench env
+
+env:
+	@bash scripts/bootstrap.sh
+
+demo: env
+	$(PY) -m flowgrpo train examples/calculator_agent.yaml $(DEMO_ARGS)
+
+test: env
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q || { rc=$$?; if [ $$rc -eq 5 ]; then echo 'pytest: no tests collected'; else exit $$rc; fi; }
+
+test-all: env
+	$(PY) -m pytest -q -m ""
+
+lint: env
+	$(PY) -m ruff check . && $(PY) -m ruff format --check .

@@ -1,0 +1,3 @@
+from flowgrpo.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Rollout backends: hf (transformers), openai (HTTP), vllm (optional)."""

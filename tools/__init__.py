@@ -1,0 +1,1 @@
+"""Built-in tools (installed as ``flowgrpo.tools``)."""
