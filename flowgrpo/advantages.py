@@ -1,0 +1,269 @@
+"""Advantage estimators: outcome rewards of G episodes per task -> one advantage per turn.
+
+Pure functions over torch tensors and the data model; formulas and references are in
+``docs/algorithms.md``. Estimators are plain functions held in a registry (:data:`ESTIMATORS`):
+the trainer passes a name or a function to :func:`compute_advantages` and never branches on the
+estimator itself.
+
+- :func:`grpo` -- GRPO (Shao et al. 2024, DeepSeekMath): ``A_i = (R_i - mean(R)) / (std(R) + eps)``
+  over the G rewards of one task; ``scale_by_std=False`` is Dr.GRPO (Liu et al. 2025).
+- :func:`rloo` -- RLOO (Ahmadian et al. 2024): ``A_i = R_i - mean_{j != i} R_j``.
+- ``"flow_grpo"`` -- Flow-GRPO (Li et al. 2025, AgentFlow): the trajectory's group-normalised
+  outcome advantage broadcast to every turn of the trajectory.
+- ``"flow_grpo_turn_weighted"`` -- the AgentFlow code's variant: every turn is a sample carrying its
+  trajectory's reward, and the mean/std are taken over that multiset of turns (long trajectories
+  weigh more in the baseline).
+- ``"grpo_dr"`` -- Flow-GRPO without std scaling (Dr.GRPO).
+- ``"rloo"`` -- RLOO's leave-one-out advantage broadcast to every turn.
+- ``"gigpo"`` -- GiGPO (Feng et al. 2025): episode advantage + ``omega`` * step advantage, the step
+  advantage normalising discounted per-turn returns within *anchor-state groups* (turns of the same
+  task group whose contexts are identical).
+
+Groups may hold different numbers of trajectories (an episode can fail); every estimator works per
+group. A group whose rewards are all equal gets advantage 0 (never NaN), as does a singleton.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from typing import Protocol
+
+import torch
+
+from flowgrpo.types import Trajectory, TrajectoryGroup
+
+
+def grpo(rewards: torch.Tensor, *, scale_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
+    """Group-relative advantages ``(R - mean) / (std + eps)`` per row.
+
+    rewards: ``(num_groups, G)``. std is unbiased (Bessel's correction, as ``torch.std``); a group of
+    equal rewards, or a group of one (G = 1, std undefined), gets 0. Returns ``(num_groups, G)``.
+    ``scale_by_std=False`` gives Dr.GRPO's ``R - mean``.
+    """
+    rewards = torch.as_tensor(rewards, dtype=torch.float32)
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must be (num_groups, G), got shape {tuple(rewards.shape)}")
+    centered = rewards - rewards.mean(dim=1, keepdim=True)  # (N, G)
+    if not scale_by_std:
+        return centered
+    if rewards.shape[1] < 2:
+        return torch.zeros_like(rewards)
+    std = rewards.std(dim=1, keepdim=True, unbiased=True)  # (N, 1)
+    adv = centered / (std + eps)
+    # Equal rewards: centered is exactly 0 already; guard against float residue from the mean anyway.
+    return torch.where(std > 0, adv, torch.zeros_like(adv))
+
+
+def rloo(rewards: torch.Tensor) -> torch.Tensor:
+    """Leave-one-out advantages ``R_i - (sum(R) - R_i) / (G - 1)``; 0 for a group of one.
+
+    rewards: ``(num_groups, G)`` -> ``(num_groups, G)``. Equals ``G/(G-1) * (R_i - mean(R))``.
+    """
+    rewards = torch.as_tensor(rewards, dtype=torch.float32)
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must be (num_groups, G), got shape {tuple(rewards.shape)}")
+    g = rewards.shape[1]
+    if g < 2:
+        return torch.zeros_like(rewards)
+    others = (rewards.sum(dim=1, keepdim=True) - rewards) / (g - 1)
+    return rewards - others
+
+
+# --------------------------------------------------------------------------------------------
+# Estimators over trajectory groups.
+
+
+class Estimator(Protocol):
+    """Fills ``Turn.advantage`` for every turn of every trajectory in ``groups`` (in place)."""
+
+    def __call__(self, groups: Sequence[TrajectoryGroup], **kwargs) -> None: ...
+
+
+def _group_rewards(group: TrajectoryGroup) -> torch.Tensor:
+    return torch.tensor([[t.reward for t in group.trajectories]], dtype=torch.float32)  # (1, G)
+
+
+def _broadcast(trajs: Sequence[Trajectory], adv: torch.Tensor) -> None:
+    for traj, a in zip(trajs, adv.tolist(), strict=True):
+        for turn in traj.turns:
+            turn.advantage = float(a)
+
+
+def flow_grpo(groups: Sequence[TrajectoryGroup], *, scale_by_std: bool = True, eps: float = 1e-6) -> None:
+    """Flow-GRPO (trajectory-weighted): each trajectory's group-normalised outcome advantage is
+    given to every one of its turns, so a multi-turn credit-assignment problem becomes a set of
+    single-turn updates (Li et al. 2025, eq. for ``A^i_t``)."""
+    for g in groups:
+        if g.trajectories:
+            _broadcast(g.trajectories, grpo(_group_rewards(g), scale_by_std=scale_by_std, eps=eps)[0])
+
+
+def grpo_dr(groups: Sequence[TrajectoryGroup], *, eps: float = 1e-6) -> None:
+    """Flow-GRPO with Dr.GRPO's unscaled advantage ``R - mean`` (Liu et al. 2025)."""
+    flow_grpo(groups, scale_by_std=False, eps=eps)
+
+
+def flow_grpo_turn_weighted(
+    groups: Sequence[TrajectoryGroup], *, scale_by_std: bool = True, eps: float = 1e-6
+) -> None:
+    """Flow-GRPO as the AgentFlow code computes it: each turn is one sample carrying its
+    trajectory's outcome reward, and mean / unbiased std are over the multiset of turns of the
+    group (a trajectory of T turns counts T times). Trajectories without turns take no part."""
+    for g in groups:
+        trajs = [t for t in g.trajectories if t.turns]
+        if not trajs:
+            continue
+        per_turn = torch.tensor(
+            [t.reward for t in trajs for _ in t.turns], dtype=torch.float32
+        )  # (sum_i T_i,)
+        mean = per_turn.mean()
+        if not scale_by_std:
+            scale = torch.tensor(1.0)
+        elif per_turn.numel() < 2:
+            scale = torch.tensor(float("inf"))  # a single sample: advantage 0
+        else:
+            std = per_turn.std(unbiased=True)
+            scale = std + eps if std > 0 else torch.tensor(float("inf"))
+        for t in trajs:
+            a = float((t.reward - mean) / scale)
+            for turn in t.turns:
+                turn.advantage = a
+
+
+def rloo_estimator(groups: Sequence[TrajectoryGroup]) -> None:
+    """RLOO's leave-one-out advantage broadcast to every turn (Ahmadian et al. 2024)."""
+    for g in groups:
+        if g.trajectories:
+            _broadcast(g.trajectories, rloo(_group_rewards(g))[0])
+
+
+def discounted_returns(rewards: Sequence[float], gamma: float) -> list[float]:
+    """``G_t = sum_{k >= t} gamma^(k - t) r_k`` for a list of per-turn rewards."""
+    out = [0.0] * len(rewards)
+    running = 0.0
+    for k in range(len(rewards) - 1, -1, -1):
+        running = rewards[k] + gamma * running
+        out[k] = running
+    return out
+
+
+def turn_rewards(traj: Trajectory) -> list[float]:
+    """Per-turn rewards for step-level credit: each turn's shaping ``Turn.reward``, plus the
+    outcome ``Trajectory.reward`` on the last turn (GiGPO's sparse terminal reward)."""
+    r = [t.reward for t in traj.turns]
+    if r:
+        r[-1] += traj.reward
+    return r
+
+
+def context_key(traj: Trajectory, turn_index: int) -> Hashable:
+    """The default anchor state of a turn: the exact token context the policy saw before it."""
+    return tuple(traj.context_ids(turn_index))
+
+
+def gigpo(
+    groups: Sequence[TrajectoryGroup],
+    *,
+    gamma: float = 0.95,
+    omega: float = 1.0,
+    scale_by_std: bool = True,
+    eps: float = 1e-6,
+    state_key: Callable[[Trajectory, int], Hashable] = context_key,
+) -> None:
+    """GiGPO (Feng et al. 2025): ``A = A^E(tau_i) + omega * A^S(s, a)``.
+
+    The episode advantage ``A^E`` is GRPO over the group's outcome rewards. Turns of the group
+    that share an anchor state (``state_key``; by default an identical token context) form a
+    step-level group; each turn's discounted return ``G_t`` (over :func:`turn_rewards`) is normalised
+    within its anchor group to give ``A^S``. An anchor group of one, or of equal returns, gives
+    ``A^S = 0``, so GiGPO reduces to episode-level GRPO when no states repeat.
+    """
+    for g in groups:
+        trajs = g.trajectories
+        if not trajs:
+            continue
+        episode = grpo(_group_rewards(g), scale_by_std=scale_by_std, eps=eps)[0].tolist()
+        returns = [discounted_returns(turn_rewards(t), gamma) for t in trajs]
+        anchors: dict[Hashable, list[tuple[int, int]]] = {}
+        for i, t in enumerate(trajs):
+            for k in range(len(t.turns)):
+                anchors.setdefault(state_key(t, k), []).append((i, k))
+        step_adv = [[0.0] * len(t.turns) for t in trajs]
+        for members in anchors.values():
+            r = torch.tensor([[returns[i][k] for i, k in members]], dtype=torch.float32)  # (1, n)
+            a = grpo(r, scale_by_std=scale_by_std, eps=eps)[0].tolist()
+            for (i, k), v in zip(members, a, strict=True):
+                step_adv[i][k] = v
+        for i, t in enumerate(trajs):
+            for k, turn in enumerate(t.turns):
+                turn.advantage = float(episode[i] + omega * step_adv[i][k])
+
+
+ESTIMATORS: dict[str, Estimator] = {
+    "flow_grpo": flow_grpo,
+    "flow_grpo_turn_weighted": flow_grpo_turn_weighted,
+    "grpo_dr": grpo_dr,
+    "rloo": rloo_estimator,
+    "gigpo": gigpo,
+}
+
+
+def register_estimator(name: str, fn: Estimator) -> None:
+    """Add an estimator under ``name`` (usable as ``algorithm.estimator`` in a config)."""
+    ESTIMATORS[name] = fn
+
+
+def get_estimator(estimator: str | Estimator) -> Estimator:
+    """Resolve a registry name (or pass a function through); the error lists the valid names."""
+    if callable(estimator):
+        return estimator
+    try:
+        return ESTIMATORS[estimator]
+    except KeyError:
+        import difflib
+
+        close = difflib.get_close_matches(str(estimator), ESTIMATORS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(
+            f"unknown advantage estimator {estimator!r}{hint}; choose one of {sorted(ESTIMATORS)} "
+            "or register one with flowgrpo.advantages.register_estimator"
+        ) from None
+
+
+def compute_advantages(
+    groups: list[TrajectoryGroup], estimator: str | Estimator = "flow_grpo", **kw
+) -> list[TrajectoryGroup]:
+    """Fill ``Turn.advantage`` for every turn of every trajectory (in place) and return ``groups``.
+
+    ``estimator`` is a name from :data:`ESTIMATORS` or a function with the :class:`Estimator`
+    signature; ``kw`` go to it (e.g. ``scale_by_std``, ``gamma``).
+    """
+    get_estimator(estimator)(groups, **kw)
+    return groups
+
+
+def is_zero_variance(group: TrajectoryGroup, tol: float = 0.0) -> bool:
+    """True when every trajectory of the group has the same outcome reward (no learning signal
+    under group-relative estimators; DAPO's dynamic sampling drops such groups)."""
+    r = group.rewards
+    return len(r) == 0 or (max(r) - min(r)) <= tol
+
+
+__all__ = [
+    "ESTIMATORS",
+    "Estimator",
+    "compute_advantages",
+    "context_key",
+    "discounted_returns",
+    "flow_grpo",
+    "flow_grpo_turn_weighted",
+    "get_estimator",
+    "gigpo",
+    "grpo",
+    "grpo_dr",
+    "is_zero_variance",
+    "register_estimator",
+    "rloo",
+    "rloo_estimator",
+    "turn_rewards",
+]

@@ -1,0 +1,272 @@
+"""The policy loss: token-level clipped surrogate + KL to a frozen reference, and its aggregation.
+
+Pure torch functions (formulas and references in ``docs/algorithms.md``):
+
+- :func:`kl_penalty` -- per-token KL estimators k1 / k2 / k3 (Schulman 2020, "Approximating KL
+  divergence"), with ``d = logprobs - ref_logprobs``: ``k1 = d``, ``k2 = d^2 / 2``,
+  ``k3 = exp(-d) + d - 1`` (GRPO's choice, Shao et al. 2024), clamped for stability.
+- :func:`policy_loss` -- PPO's clipped surrogate per token with asymmetric clipping (DAPO's
+  clip-higher, Yu et al. 2025), optional dual clip (Ye et al. 2020) for negative advantages, optional
+  truncated importance-sampling correction between the sampler's and the trainer's logprobs
+  (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training"), and
+  one place that owns aggregation (:func:`aggregation_weights`).
+
+Aggregation is expressed as per-token weights ``w`` with ``loss = sum(w * l)``: that makes a loss
+split over micro-batches exact (compute ``w`` once over the whole mini-batch, pass the slice as
+``token_weights`` to each micro-batch, sum the micro-batch losses).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+KLEstimator = Literal["k1", "k2", "k3"]
+Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "turn_mean"]
+AGGREGATIONS: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "turn_mean")
+
+
+def kl_penalty(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    estimator: KLEstimator = "k3",
+    *,
+    clamp: float | None = 10.0,
+) -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from samples of pi; same shape as ``logprobs``.
+
+    ``d = logprobs - ref_logprobs``; ``k1 = d`` (unbiased, high variance, can be negative),
+    ``k2 = d^2 / 2`` (biased, low variance), ``k3 = exp(-d) + d - 1`` (unbiased, >= 0).
+    ``clamp`` bounds ``d`` before ``exp`` and the result to ``[-clamp, clamp]`` so one token with a
+    vanishing reference probability cannot blow up the loss (verl clamps k3 the same way).
+    """
+    d = logprobs - ref_logprobs
+    if clamp is not None:
+        d = d.clamp(-2 * clamp, 2 * clamp)
+    if estimator == "k1":
+        kl = d
+    elif estimator == "k2":
+        kl = 0.5 * d * d
+    elif estimator == "k3":
+        kl = torch.exp(-d) + d - 1.0
+    else:
+        raise ValueError(f"unknown KL estimator {estimator!r}; use 'k1', 'k2' or 'k3'")
+    if clamp is not None:
+        kl = kl.clamp(-clamp, clamp)
+    return kl
+
+
+def _segment_ids(keys: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Dense ids 0..n-1 for the distinct rows of ``keys`` ``(N, k)``."""
+    uniq, inv = torch.unique(keys, dim=0, return_inverse=True)
+    return inv, uniq.shape[0]
+
+
+def aggregation_weights(
+    mask: torch.Tensor,
+    agg: Aggregation = "token_mean",
+    *,
+    seq_index: torch.Tensor | None = None,
+    turn_index: torch.Tensor | None = None,
+    norm_len: int | None = None,
+) -> torch.Tensor:
+    """Per-token weights ``w`` ``(B, T)`` such that the aggregated loss is ``sum(w * l)``.
+
+    mask ``(B, T)``: 1 on trained tokens. seq_index ``(B,)``: the trajectory of each row (default:
+    each row its own). turn_index ``(B, T)``: each token's turn inside its trajectory (default: a
+    row is one turn). Trajectories or turns without any masked token take no part in the means.
+
+    - ``token_mean``: ``1 / sum(mask)``.
+    - ``seq_mean_token_mean``: ``1 / (S * n_s)``, ``n_s`` the masked tokens of trajectory s, S the
+      number of trajectories.
+    - ``seq_mean_token_sum_norm``: ``1 / (S * norm_len)`` (Dr.GRPO; ``norm_len`` defaults to T, use
+      the generation budget to make it a constant).
+    - ``turn_mean``: ``1 / (S * K_s * n_{s,k})``, ``K_s`` the turns of trajectory s and ``n_{s,k}``
+      the masked tokens of its turn k (Flow-GRPO: 1/G sum_i 1/T_i sum_t 1/|a_t| sum_j).
+    """
+    m = mask.to(torch.float32)  # (B, T)
+    B, T = m.shape
+    if agg not in AGGREGATIONS:
+        raise ValueError(f"unknown loss aggregation {agg!r}; use one of {list(AGGREGATIONS)}")
+    if agg == "token_mean":
+        return m / m.sum().clamp_min(1.0)
+    on = m > 0
+    if seq_index is None:
+        seq_index = torch.arange(B, device=m.device)
+    seq = seq_index.to(m.device).view(B, 1).expand(B, T)  # (B, T)
+    seq_ids, n_seq = _segment_ids(seq[on].view(-1, 1))  # (N,), over masked tokens only
+    w = torch.zeros_like(m)
+    if n_seq == 0:
+        return w
+    if agg == "seq_mean_token_sum_norm":
+        w[on] = 1.0 / (n_seq * float(norm_len if norm_len is not None else T))
+        return w
+    if agg == "seq_mean_token_mean":
+        counts = torch.bincount(seq_ids, minlength=n_seq).to(m.dtype)  # (S,)
+        w[on] = 1.0 / (n_seq * counts[seq_ids])
+        return w
+    # turn_mean
+    if turn_index is None:
+        turn = torch.arange(B, device=m.device).view(B, 1).expand(B, T)  # each row one turn
+    else:
+        turn = turn_index.to(m.device)
+    keys = torch.stack([seq[on], turn[on]], dim=-1)  # (N, 2)
+    turn_ids, n_turn = _segment_ids(keys)
+    tok_per_turn = torch.bincount(turn_ids, minlength=n_turn).to(m.dtype)  # (K,)
+    # The trajectory of each turn, then the number of turns per trajectory.
+    turn_seq = torch.zeros(n_turn, dtype=torch.long, device=m.device)
+    turn_seq[turn_ids] = seq_ids
+    turns_per_seq = torch.bincount(turn_seq, minlength=n_seq).to(m.dtype)  # (S,)
+    w[on] = 1.0 / (n_seq * turns_per_seq[seq_ids] * tok_per_turn[turn_ids])
+    return w
+
+
+def truncated_is_weights(
+    old_logprobs: torch.Tensor,
+    sampler_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    cap: float = 2.0,
+    mode: Literal["token", "sequence_mask"] = "token",
+    seq_index: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Importance weights correcting for sampler/trainer mismatch (no gradient), ``(B, T)``.
+
+    ``rho = exp(old_logprobs - sampler_logprobs)`` where ``old_logprobs`` are the trainer's
+    recomputation of the sampled tokens and ``sampler_logprobs`` the rollout engine's. ``token``:
+    truncated IS, ``min(rho, cap)`` per token. ``sequence_mask``: weight 1, but every token of a
+    trajectory whose geometric-mean ratio ``exp(mean(log rho))`` lies outside ``[1/cap, cap]`` gets 0.
+    """
+    log_rho = (old_logprobs - sampler_logprobs).detach() * mask
+    if mode == "token":
+        return torch.exp(log_rho.clamp(max=float(torch.log(torch.tensor(cap)))))
+    if mode != "sequence_mask":
+        raise ValueError(f"unknown truncated-IS mode {mode!r}; use 'token' or 'sequence_mask'")
+    B, T = mask.shape
+    if seq_index is None:
+        seq_index = torch.arange(B, device=mask.device)
+    seq_ids, n_seq = _segment_ids(seq_index.view(-1, 1))  # (B,)
+    m = mask.to(log_rho.dtype)
+    sums = torch.zeros(n_seq, dtype=log_rho.dtype, device=mask.device).index_add_(0, seq_ids, log_rho.sum(1))
+    cnts = torch.zeros(n_seq, dtype=log_rho.dtype, device=mask.device).index_add_(0, seq_ids, m.sum(1))
+    mean_log = sums / cnts.clamp_min(1.0)  # (S,)
+    bound = float(torch.log(torch.tensor(cap)))
+    keep = (mean_log.abs() <= bound).to(log_rho.dtype)[seq_ids]  # (B,)
+    return keep.view(B, 1).expand(B, T).clone()
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: KLEstimator = "k3",
+    agg: Aggregation = "token_mean",
+    seq_index: torch.Tensor | None = None,
+    turn_index: torch.Tensor | None = None,
+    norm_len: int | None = None,
+    token_weights: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped-surrogate policy loss with KL, aggregated per ``agg``; returns ``(loss, metrics)``.
+
+    logprobs, old_logprobs, mask ``(B, T)``; advantages ``(B, T)`` or ``(B,)``. Per token
+    ``r = exp(logprobs - old_logprobs)``,
+    ``l = -min(r*A, clip(r, 1-clip_low, 1+clip_high)*A) + kl_coef * KL(logprobs, ref_logprobs)``.
+    ``dual_clip = c > 1`` bounds the surrogate of negative-advantage tokens at ``-c*A`` (an
+    exploding ratio on a bad token cannot dominate). ``is_weights`` ``(B, T)`` (see
+    :func:`truncated_is_weights`) multiply the policy-gradient term. ``token_weights`` ``(B, T)``
+    override ``agg`` (precomputed over a whole mini-batch with :func:`aggregation_weights` when the
+    batch is split into micro-batches).
+
+    Metrics (floats, over masked tokens): ``pg_loss``, ``kl``, ``clip_frac`` (either side),
+    ``clip_frac_low`` / ``clip_frac_high`` (ratio clipped with the gradient cut), ``dual_clip_frac``,
+    ``ratio_mean`` / ``ratio_min`` / ``ratio_max``, ``is_weight_mean``, ``tokens``.
+    """
+    mask = mask.to(logprobs.dtype)
+    if advantages.dim() == 1:
+        advantages = advantages.view(-1, 1).expand_as(logprobs)
+    advantages = advantages.to(logprobs.dtype)
+    log_ratio = (logprobs - old_logprobs) * mask  # (B, T); 0 off-mask keeps exp finite
+    ratio = torch.exp(log_ratio.clamp(max=20.0))  # (B, T)
+    surr1 = ratio * advantages
+    surr2 = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
+    pg = -torch.minimum(surr1, surr2)  # (B, T)
+    dual_hit = torch.zeros_like(mask, dtype=torch.bool)
+    if dual_clip is not None:
+        if dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1 (typically 3), got {dual_clip}")
+        bound = -dual_clip * advantages  # positive where A < 0
+        neg = advantages < 0
+        dual_hit = neg & (pg > bound)
+        pg = torch.where(neg, torch.minimum(pg, bound), pg)
+    if is_weights is not None:
+        pg = pg * is_weights.detach()
+    per_token = pg
+    kl = None
+    if ref_logprobs is not None and kl_coef != 0.0:
+        kl = kl_penalty(logprobs, ref_logprobs.detach(), kl_estimator)  # (B, T)
+        per_token = per_token + kl_coef * kl
+
+    if token_weights is None:
+        token_weights = aggregation_weights(
+            mask, agg, seq_index=seq_index, turn_index=turn_index, norm_len=norm_len
+        )
+    loss = (per_token * token_weights.to(per_token.dtype) * mask).sum()
+
+    with torch.no_grad():
+        on = mask > 0
+        n = int(on.sum())
+        metrics: dict[str, float] = {"tokens": float(n)}
+        if n:
+            r = ratio[on]
+            a = advantages[on]
+            low = (r < 1.0 - clip_low) & (a < 0)
+            high = (r > 1.0 + clip_high) & (a > 0)
+            metrics.update(
+                pg_loss=float(pg[on].mean()),
+                clip_frac_low=float(low.float().mean()),
+                clip_frac_high=float(high.float().mean()),
+                clip_frac=float((low | high).float().mean()),
+                dual_clip_frac=float(dual_hit[on].float().mean()),
+                ratio_mean=float(r.mean()),
+                ratio_min=float(r.min()),
+                ratio_max=float(r.max()),
+            )
+            if kl is not None:
+                metrics["kl"] = float(kl[on].mean())
+            elif ref_logprobs is not None:
+                metrics["kl"] = float(kl_penalty(logprobs, ref_logprobs, kl_estimator)[on].mean())
+            if is_weights is not None:
+                metrics["is_weight_mean"] = float(is_weights[on].mean())
+    return loss, metrics
+
+
+def sft_loss(
+    logprobs: torch.Tensor, mask: torch.Tensor, token_weights: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Cross-entropy on the masked (action) tokens: ``-sum(w * logprobs)``, ``w`` defaulting to a
+    token mean. Used by the supervised warm start on demonstrations."""
+    mask = mask.to(logprobs.dtype)
+    if token_weights is None:
+        token_weights = mask / mask.sum().clamp_min(1.0)
+    return -(logprobs * token_weights.to(logprobs.dtype) * mask).sum()
+
+
+__all__ = [
+    "AGGREGATIONS",
+    "Aggregation",
+    "KLEstimator",
+    "aggregation_weights",
+    "kl_penalty",
+    "policy_loss",
+    "sft_loss",
+    "truncated_is_weights",
+]
