@@ -1,0 +1,446 @@
+"""The episode runner: many multi-turn episodes at once, with generation batched across them.
+
+Every episode is an ``async`` loop::
+
+    reset -> [generate -> parse -> env.step (tools run concurrently, with timeouts) -> observe]*
+
+under three limits, each ending the episode with its :class:`~flowgrpo.types.Termination`:
+``max_turns`` (turn count), ``max_new_tokens`` per turn (an action cut by it ends the episode
+with ``max_tokens``) and ``max_context_tokens`` (a prompt or observation that would not leave
+room for one more token ends it with ``context_overflow``; generation is capped at the room left,
+and an action cut by that cap also ends it with ``context_overflow``).
+
+Why a scheduler. A model decodes a batch far faster per token than one sequence at a time, but
+episodes wait on tools at different moments. The :class:`_Batcher` collects the generation
+requests of all live episodes -- for at most ``batch_wait_ms`` or until every live episode is
+waiting -- and sends them in one ``backend.generate`` call (up to ``max_batch_size`` prompts).
+While that call decodes (in a worker thread for the hf backend), the other episodes' tools keep
+running on the event loop, so tool latency overlaps generation instead of adding to it.
+
+Token bookkeeping (see :mod:`flowgrpo.chat`): the first turn's ``prompt_ids`` are the rendered
+opening messages; each later turn's ``prompt_ids`` are the delta after the previous action (the
+template's end-of-turn tail, the observations and the next generation prompt); ``action_ids``
+are exactly the sampled ids. So ``Trajectory.context_ids(k)`` is exactly what the model saw.
+
+An environment, parser or tool that raises ends only its own episode (``Termination.error``, the
+message in ``metadata["error"]``); the rest of the group carries on.
+
+Text policies (:func:`rollout_text_policy`): an oracle's text actions are tokenized (plus the
+end-of-turn token) and go through the same loop, giving normal trajectories with exact ids and
+logprobs 0.0 -- demonstrations for a supervised warm-start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import logging
+import time
+import traceback
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from flowgrpo.backends.base import GenerationResult, RolloutBackend, SamplingParams
+from flowgrpo.chat import ChatFormat
+from flowgrpo.env import Environment
+from flowgrpo.types import Message, ParsedAction, Task, Termination, Trajectory, TrajectoryGroup, Turn
+
+log = logging.getLogger(__name__)
+
+
+class RolloutConfig(BaseModel):
+    """Limits and sampling for rollouts."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_turns: int = Field(4, ge=1)
+    max_new_tokens: int = Field(256, ge=1, description="per turn")
+    max_context_tokens: int = Field(2048, ge=2)
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    tool_timeout_s: float = Field(
+        10.0, gt=0, description="per tool call (set on envs that have tool_timeout_s)"
+    )
+    step_timeout_s: float | None = Field(
+        None, gt=0, description="a whole env.step; default 3 * tool_timeout_s + 5"
+    )
+    max_batch_size: int | None = Field(None, ge=1, description="default: backend.max_batch_size")
+    batch_wait_ms: float = Field(5.0, ge=0, description="how long to collect requests before a batch")
+
+
+class TextPolicy(Protocol):
+    """A policy that acts in text, e.g. an environment oracle."""
+
+    async def act(self, messages: list[Message]) -> str: ...
+
+
+class _Request:
+    __slots__ = ("future", "ids", "limit")
+
+    def __init__(self, ids: list[int], limit: int, future: asyncio.Future) -> None:
+        self.ids, self.limit, self.future = ids, limit, future
+
+
+class _Batcher:
+    """Collects generation requests of live episodes and issues batched backend calls."""
+
+    def __init__(
+        self, backend: RolloutBackend, params: SamplingParams, max_batch: int, wait_s: float
+    ) -> None:
+        self.backend, self.params, self.max_batch, self.wait_s = backend, params, max_batch, wait_s
+        self.pending: list[_Request] = []
+        self.live = 0
+        self._changed = asyncio.Event()
+        self._calls = 0
+        self._per_prompt = bool(getattr(backend, "per_prompt_max_new_tokens", False))
+        self.batch_sizes: list[int] = []
+
+    def episode_started(self) -> None:
+        self.live += 1
+
+    def episode_ended(self) -> None:
+        self.live -= 1
+        self._changed.set()
+
+    async def submit(self, ids: list[int], limit: int) -> GenerationResult:
+        fut = asyncio.get_running_loop().create_future()
+        self.pending.append(_Request(ids, limit, fut))
+        self._changed.set()
+        return await fut
+
+    async def run(self) -> None:
+        while True:
+            while not self.pending:
+                self._changed.clear()
+                await self._changed.wait()
+            deadline = time.monotonic() + self.wait_s
+            while len(self.pending) < min(self.live, self.max_batch):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._changed.clear()
+                try:
+                    await asyncio.wait_for(self._changed.wait(), left)
+                except asyncio.TimeoutError:
+                    break
+            batch, self.pending = self.pending[: self.max_batch], self.pending[self.max_batch :]
+            await self._issue(batch)
+
+    async def _issue(self, batch: list[_Request]) -> None:
+        params = self.params
+        if params.seed is not None:  # reproducible given the same schedule; distinct per call
+            params = params.model_copy(update={"seed": params.seed + self._calls})
+        self._calls += 1
+        self.batch_sizes.append(len(batch))
+        prompts = [r.ids for r in batch]
+        try:
+            if self._per_prompt:
+                results = await self.backend.generate(
+                    prompts,
+                    params,
+                    max_new_tokens=[r.limit for r in batch],  # type: ignore[call-arg]
+                )
+            else:
+                results = await self.backend.generate(prompts, params)
+                results = [_clip(res, r.limit) for res, r in zip(results, batch, strict=True)]
+        except Exception as e:
+            for r in batch:
+                if not r.future.done():
+                    r.future.set_exception(e)
+            return
+        for r, res in zip(batch, results, strict=True):
+            if not r.future.done():
+                r.future.set_result(res)
+
+
+def _clip(res: GenerationResult, limit: int) -> GenerationResult:
+    if len(res.token_ids) <= limit:
+        return res
+    return GenerationResult(
+        token_ids=res.token_ids[:limit], logprobs=res.logprobs[:limit], finish_reason="length"
+    )
+
+
+def _jsonable(x: Any) -> bool:
+    try:
+        json.dumps(x)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+Actor = Callable[[list[int], int, list[Message]], Awaitable[GenerationResult]]
+"""``(context_ids, max_new_tokens, conversation) -> GenerationResult``: one policy action."""
+
+
+class RolloutEngine:
+    """Runs groups of episodes against a backend.
+
+    Args:
+        backend: a :class:`~flowgrpo.backends.base.RolloutBackend` (None only for text policies).
+        tokenizer: the policy's tokenizer (its chat template renders the conversation).
+        config: limits and sampling.
+    """
+
+    def __init__(
+        self, backend: RolloutBackend | None, tokenizer: Any, config: RolloutConfig | None = None
+    ) -> None:
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.config = config or RolloutConfig()
+        self.last_batch_sizes: list[int] = []
+
+    # ------------------------------------------------------------------ public API
+    async def rollout_groups(
+        self,
+        env_factory: Callable[[], Environment],
+        tasks: Sequence[Task],
+        group_size: int,
+        *,
+        policy_version: int = 0,
+    ) -> list[TrajectoryGroup]:
+        """``group_size`` episodes per task, all run concurrently; one group per task, in order."""
+        if self.backend is None:
+            raise ValueError("this RolloutEngine has no backend; use rollout_text_policy for text policies")
+        cfg = self.config
+        params = cfg.sampling.model_copy(update={"max_new_tokens": cfg.max_new_tokens})
+        batcher = _Batcher(
+            self.backend, params, cfg.max_batch_size or self.backend.max_batch_size, cfg.batch_wait_ms / 1000
+        )
+        stop_ids: list[int] | None = None
+
+        def model_actor(chat: ChatFormat) -> Actor:
+            nonlocal stop_ids
+            if not params.stop_token_ids and stop_ids is None:
+                stop_ids = list(chat.end_of_turn_ids)
+                batcher.params = params.model_copy(update={"stop_token_ids": stop_ids})
+
+            async def act(ids: list[int], limit: int, conv: list[Message]) -> GenerationResult:
+                return await batcher.submit(ids, limit)
+
+            return act
+
+        runner = asyncio.create_task(batcher.run())
+        try:
+            groups = await self._run_groups(
+                env_factory, tasks, group_size, policy_version, model_actor, batcher
+            )
+        finally:
+            runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await runner
+        self.last_batch_sizes = batcher.batch_sizes
+        return groups
+
+    def run_groups(
+        self,
+        env_factory: Callable[[], Environment],
+        tasks: Sequence[Task],
+        group_size: int,
+        *,
+        policy_version: int = 0,
+    ) -> list[TrajectoryGroup]:
+        """Blocking wrapper of :meth:`rollout_groups` (must not be called inside a running loop)."""
+        return asyncio.run(self.rollout_groups(env_factory, tasks, group_size, policy_version=policy_version))
+
+    # ------------------------------------------------------------------ internals
+    async def _run_groups(self, env_factory, tasks, group_size, policy_version, make_actor, batcher):
+        if group_size < 1:
+            raise ValueError("group_size must be >= 1")
+        groups = [TrajectoryGroup(task=t) for t in tasks]
+        jobs = []
+        for g in groups:
+            for _ in range(group_size):
+                jobs.append(
+                    self._episode(env_factory, g.task, g.group_id, policy_version, make_actor, batcher)
+                )
+        trajs = await asyncio.gather(*jobs)
+        for i, g in enumerate(groups):
+            g.trajectories = list(trajs[i * group_size : (i + 1) * group_size])
+        return groups
+
+    async def _episode(
+        self,
+        env_factory: Callable[[], Environment],
+        task: Task,
+        group_id: str,
+        policy_version: int,
+        make_actor: Callable[[ChatFormat], Actor],
+        batcher: _Batcher | None,
+    ) -> Trajectory:
+        cfg = self.config
+        traj = Trajectory(group_id=group_id, task_id=task.id, policy_version=policy_version)
+        if batcher is not None:
+            batcher.episode_started()
+        t0 = time.monotonic()
+        try:
+            env = env_factory()
+            traj.env = getattr(env, "name", type(env).__name__)
+            if hasattr(env, "tool_timeout_s"):
+                with contextlib.suppress(AttributeError):
+                    env.tool_timeout_s = cfg.tool_timeout_s  # type: ignore[attr-defined]
+            chat = ChatFormat(self.tokenizer, tools=list(env.tools), parser=env.parser)
+            act = make_actor(chat)
+            opening = await env.reset(task)
+            messages = chat.prompt_messages(opening, env.system_prompt)
+            history: list[Message] = list(messages)  # as rendered (observations converted)
+            conv: list[Message] = list(messages)  # as the env produced them (for text policies)
+            prompt = chat.initial_ids(messages)
+            context: list[int] = list(prompt)
+            step_timeout = cfg.step_timeout_s or 3 * cfg.tool_timeout_s + 5
+            traj.termination = Termination.max_turns
+            if len(context) + 1 > cfg.max_context_tokens:
+                traj.termination = Termination.context_overflow
+                traj.metadata["prompt_tokens"] = len(context)
+                return traj
+            for _ in range(cfg.max_turns):
+                room = cfg.max_context_tokens - len(context)
+                limit = min(cfg.max_new_tokens, room)
+                res = await act(list(context), limit, list(conv))
+                action_ids = list(res.token_ids)
+                body = (
+                    action_ids[:-1] if action_ids and action_ids[-1] in chat.end_of_turn_ids else action_ids
+                )
+                text = self.tokenizer.decode(body, skip_special_tokens=False)
+                parsed = self._parse(env, text)
+                turn = Turn(
+                    prompt_ids=prompt,
+                    action_ids=action_ids,
+                    action_logprobs=list(res.logprobs),
+                    action=parsed.message,
+                    finish_reason=res.finish_reason,
+                )
+                traj.turns.append(turn)
+                context += action_ids
+                if res.finish_reason == "length":
+                    traj.termination = (
+                        Termination.max_tokens
+                        if limit >= cfg.max_new_tokens
+                        else Termination.context_overflow
+                    )
+                    break
+                try:
+                    step = await asyncio.wait_for(env.step(parsed), step_timeout)
+                except asyncio.TimeoutError as e:
+                    raise RuntimeError(f"env.step took longer than {step_timeout} s") from e
+                turn.observations = list(step.observations)
+                turn.reward = float(step.reward)
+                if step.info and _jsonable(step.info):
+                    turn.metadata["info"] = step.info
+                if step.terminated:
+                    traj.termination = Termination.finished
+                    break
+                if step.truncated:
+                    traj.termination = Termination.max_turns
+                    traj.metadata["truncated_by_env"] = True
+                    break
+                delta = chat.observation_delta(history, action_ids, step.observations)
+                assistant = Message(role="assistant", content=text)
+                history += [assistant, *chat.observation_messages(step.observations)]
+                conv += [assistant, *step.observations]
+                if len(context) + len(delta) + 1 > cfg.max_context_tokens:
+                    traj.termination = Termination.context_overflow
+                    break
+                prompt = delta
+                context += delta
+            else:
+                traj.termination = Termination.max_turns
+        except Exception as e:
+            traj.termination = Termination.error
+            traj.metadata["error"] = f"{type(e).__name__}: {e}"
+            traj.metadata["traceback"] = traceback.format_exc(limit=6)
+            log.warning("episode of task %s ended with an error: %s", task.id, traj.metadata["error"])
+        finally:
+            if batcher is not None:
+                batcher.episode_ended()
+        traj.metadata["wall_s"] = round(time.monotonic() - t0, 4)
+        return traj
+
+    @staticmethod
+    def _parse(env: Environment, text: str) -> ParsedAction:
+        try:
+            from flowgrpo.parsing import ParseError  # type: ignore[import-not-found]
+        except ImportError:  # the parsing module is optional for custom parsers
+            ParseError = ValueError  # type: ignore[misc,assignment]
+        try:
+            return env.parser.parse(text)
+        except ParseError as e:
+            return ParsedAction(message=Message(role="assistant", content=text), errors=[str(e)])
+
+
+# ---------------------------------------------------------------------- text policies
+def _text_actor(policy: TextPolicy) -> Callable[[ChatFormat], Actor]:
+    def make(chat: ChatFormat) -> Actor:
+        eot = chat.end_of_turn_ids[0] if chat.end_of_turn_ids else None
+
+        async def act(ids: list[int], limit: int, conv: list[Message]) -> GenerationResult:
+            text = await policy.act(conv)
+            out = chat.encode(text) + ([eot] if eot is not None else [])
+            reason = "stop"
+            if len(out) > limit:
+                out, reason = out[:limit], "length"
+            return GenerationResult(token_ids=out, logprobs=[0.0] * len(out), finish_reason=reason)
+
+        return act
+
+    return make
+
+
+async def rollout_text_policy(
+    env_factory: Callable[[], Environment],
+    tasks: Sequence[Task],
+    policy: TextPolicy | Callable[[Environment], TextPolicy] | None,
+    tokenizer: Any,
+    config: RolloutConfig | None = None,
+    group_size: int = 1,
+    *,
+    policy_version: int = 0,
+) -> list[TrajectoryGroup]:
+    """Run a text policy through the rollout loop: trajectories with exact token ids, logprobs 0.0.
+
+    ``policy`` is an object with ``async act(messages) -> str``, a callable ``env -> policy`` (a
+    fresh policy per episode, e.g. ``lambda env: env.oracle()``), or None for each environment's
+    own ``env.oracle()``. Actions are tokenized as ``encode(text) + [end-of-turn]``: exactly what the
+    model would have to sample to produce that text and stop.
+    """
+    engine = RolloutEngine(None, tokenizer, config)
+
+    async def run_one(task: Task, group_id: str) -> Trajectory:
+        holder: dict[str, Environment] = {}
+
+        def f() -> Environment:
+            env = env_factory()
+            holder["env"] = env
+            return env
+
+        def make_actor(chat: ChatFormat) -> Actor:
+            env = holder["env"]
+            if policy is None:
+                if not hasattr(env, "oracle"):
+                    raise TypeError(f"environment {type(env).__name__} has no oracle(); pass a policy")
+                p = env.oracle()  # type: ignore[attr-defined]
+            elif hasattr(policy, "act") and inspect.iscoroutinefunction(policy.act):  # type: ignore[union-attr]
+                p = policy  # type: ignore[assignment]
+            elif callable(policy):
+                p = policy(env)  # type: ignore[call-arg]
+            else:
+                raise TypeError("policy must have `async act(messages)` or be a callable env -> policy")
+            return _text_actor(p)(chat)
+
+        return await engine._episode(f, task, group_id, policy_version, make_actor, None)
+
+    groups = [TrajectoryGroup(task=t) for t in tasks]
+    trajs = await asyncio.gather(*(run_one(g.task, g.group_id) for g in groups for _ in range(group_size)))
+    for i, g in enumerate(groups):
+        g.trajectories = list(trajs[i * group_size : (i + 1) * group_size])
+    return groups
+
+
+def run_text_policy(*args: Any, **kwargs: Any) -> list[TrajectoryGroup]:
+    """Blocking wrapper of :func:`rollout_text_policy` (same arguments)."""
+    return asyncio.run(rollout_text_policy(*args, **kwargs))
+
+
+__all__ = ["RolloutConfig", "RolloutEngine", "TextPolicy", "rollout_text_policy", "run_text_policy"]
