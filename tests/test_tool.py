@@ -1,0 +1,302 @@
+"""flowgrpo.tool: @tool, invoke/execute_tool_calls, schemas, LangChain adapters, registry."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+from pydantic import BaseModel
+
+from flowgrpo.tool import (
+    FunctionTool,
+    Tool,
+    ToolError,
+    ToolOutput,
+    execute_tool_calls,
+    from_langchain,
+    invoke,
+    list_tools,
+    make_tool,
+    parse_google_docstring,
+    register_tool,
+    to_langchain,
+    to_openai_schema,
+    tool,
+)
+from flowgrpo.types import ToolCall
+
+
+@tool
+def add(a: int, b: int = 1) -> str:
+    """Add two integers.
+
+    Args:
+        a: The first addend.
+        b (int): The second addend,
+            one by default.
+
+    Returns:
+        The sum as text.
+    """
+    return str(a + b)
+
+
+@tool(name="sleepy", timeout_s=0.2)
+async def slow(seconds: float) -> str:
+    """Sleep, then say done.
+
+    Args:
+        seconds: How long to sleep.
+    """
+    await asyncio.sleep(seconds)
+    return "done"
+
+
+@tool
+def fail(reason: str) -> str:
+    """Always fails.
+
+    Args:
+        reason: What to say.
+    """
+    raise ToolError(f"cannot do it: {reason}")
+
+
+@tool
+def buggy(x: int) -> str:
+    """Has a bug."""
+    return str(1 // x)
+
+
+@tool
+def stats(values: list[float]) -> ToolOutput:
+    """Mean of numbers, with the raw list as the artifact.
+
+    Args:
+        values: The numbers.
+    """
+    return ToolOutput(content=f"{sum(values) / len(values):g}", artifact={"n": len(values)})
+
+
+def test_function_tool_is_a_tool_with_docstring_schema():
+    assert isinstance(add, FunctionTool) and isinstance(add, Tool)
+    assert add.name == "add" and add.description == "Add two integers."
+    assert add(2, 3) == "5"  # still callable as the plain function
+    schema = to_openai_schema(add)
+    assert schema == {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "a": {"type": "integer", "description": "The first addend."},
+                    "b": {
+                        "type": "integer",
+                        "default": 1,
+                        "description": "The second addend, one by default.",
+                    },
+                },
+                "required": ["a"],
+                "additionalProperties": False,
+            },
+        },
+    }
+
+
+def test_parse_google_docstring_sections():
+    desc, args = parse_google_docstring(
+        """Search the web.
+
+        Longer text.
+
+        Args:
+            query (str): What to look for.
+            k: How many
+              results.
+        Raises:
+            ToolError: never.
+        """
+    )
+    assert desc == "Search the web.\n\nLonger text."
+    assert args == {"query": "What to look for.", "k": "How many results."}
+
+
+def test_tool_requires_hints_and_description():
+    with pytest.raises(TypeError, match="type hint"):
+
+        @tool
+        def f(x) -> str:
+            """Doc."""
+            return x
+
+    with pytest.raises(ValueError, match="docstring"):
+
+        @tool
+        def g(x: int) -> str:
+            return str(x)
+
+
+def test_invoke_validates_and_converts():
+    out = asyncio.run(invoke(add, {"a": "4", "b": 5}))
+    assert out == ToolOutput(content="9")
+    with pytest.raises(ToolError) as e:
+        asyncio.run(invoke(add, {"b": 2, "c": 3}))
+    msg = str(e.value)
+    assert (
+        "invalid arguments for add" in msg and "a: Field required" in msg and "c: unexpected argument" in msg
+    )
+    assert 'Expected arguments: {"a": integer, "b": integer}' in msg
+    out = asyncio.run(invoke(stats, {"values": [1, 2, 6]}))
+    assert out.content == "3" and out.artifact == {"n": 3}
+
+
+def test_invoke_errors_timeout_and_bugs():
+    with pytest.raises(ToolError, match=r"sleepy timed out after 0\.2 s"):
+        asyncio.run(invoke(slow, {"seconds": 5}))
+    assert asyncio.run(invoke(slow, {"seconds": 0.3}, timeout_s=2)).content == "done"
+    with pytest.raises(ToolError, match="cannot do it: x"):
+        asyncio.run(invoke(fail, {"reason": "x"}))
+    with pytest.raises(ToolError, match="buggy failed: ZeroDivisionError"):
+        asyncio.run(invoke(buggy, {"x": 0}))
+
+
+def test_execute_tool_calls_in_order_never_raises():
+    calls = [
+        ToolCall(id="c1", name="add", arguments={"a": 1, "b": 2}),
+        ToolCall(id="c2", name="nope", arguments={}),
+        ToolCall(id="c3", name="add", arguments={"a": "x"}),
+        ToolCall(id="c4", name="sleepy", arguments={"seconds": 1}),
+        ToolCall(id="c5", name="fail", arguments={"reason": "r"}),
+    ]
+    msgs = asyncio.run(execute_tool_calls([add, slow, fail], calls))
+    assert [m.tool_call_id for m in msgs] == ["c1", "c2", "c3", "c4", "c5"]
+    assert all(m.role == "tool" for m in msgs)
+    assert msgs[0].content == "3" and msgs[0].name == "add"
+    assert msgs[1].content == "Error: unknown tool 'nope'; available tools: add, fail, sleepy"
+    assert msgs[2].content.startswith("Error: invalid arguments for add: a: Input should be a valid integer")
+    assert msgs[3].content == "Error: sleepy timed out after 0.2 s"
+    assert msgs[4].content == "Error: cannot do it: r"
+
+
+def test_sync_tool_does_not_block_event_loop():
+    @tool
+    def blocking(seconds: float) -> str:
+        """Block the calling thread.
+
+        Args:
+            seconds: How long.
+        """
+        time.sleep(seconds)
+        return threading.current_thread().name
+
+    async def main() -> tuple[float, list[str]]:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        task = asyncio.create_task(ticker())
+        t0 = time.perf_counter()
+        msgs = await execute_tool_calls(
+            {"blocking": blocking}, [ToolCall(name="blocking", arguments={"seconds": 0.3}) for _ in range(3)]
+        )
+        elapsed = time.perf_counter() - t0
+        task.cancel()
+        assert ticks >= 10  # the loop kept running while the tools slept
+        return elapsed, [m.content for m in msgs]
+
+    elapsed, names = asyncio.run(main())
+    assert elapsed < 0.8  # three 0.3 s calls ran concurrently in worker threads
+    assert all(n != "MainThread" for n in names)
+
+
+def test_from_langchain_structured_tool_and_decorator():
+    from langchain_core.tools import StructuredTool, ToolException
+    from langchain_core.tools import tool as lc_tool
+
+    def multiply(a: int, b: int) -> int:
+        """Multiply two integers."""
+        return a * b
+
+    t = from_langchain(StructuredTool.from_function(multiply))
+    assert isinstance(t, Tool) and t.name == "multiply"
+    assert asyncio.run(invoke(t, {"a": 6, "b": 7})).content == "42"
+    with pytest.raises(ToolError, match="a: Field required"):
+        asyncio.run(invoke(t, {"b": 7}))
+
+    @lc_tool(parse_docstring=True, response_format="content_and_artifact")
+    def lookup(key: str) -> tuple[str, dict]:
+        """Look a key up.
+
+        Args:
+            key: The key to find.
+        """
+        if key == "bad":
+            raise ToolException("no such key: bad")
+        return f"value of {key}", {"key": key}
+
+    t2 = from_langchain(lookup)
+    schema = to_openai_schema(t2)["function"]
+    assert schema["name"] == "lookup" and schema["description"] == "Look a key up."
+    assert schema["parameters"]["properties"]["key"] == {"type": "string", "description": "The key to find."}
+    out = asyncio.run(invoke(t2, {"key": "k1"}))
+    assert out.content == "value of k1" and out.artifact == {"key": "k1"}
+    msgs = asyncio.run(execute_tool_calls([t2], [ToolCall(id="x", name="lookup", arguments={"key": "bad"})]))
+    assert msgs[0].content == "Error: no such key: bad"
+
+
+def test_to_langchain_roundtrip():
+    from langchain_core.messages import ToolMessage
+
+    lc = to_langchain(add)
+    assert lc.name == "add" and lc.description == "Add two integers."
+    assert lc.invoke({"a": 2, "b": 40}) == "42"
+    assert asyncio.run(lc.ainvoke({"a": 1})) == "2"
+    msg = lc.invoke({"name": "add", "args": {"a": 1, "b": 1}, "id": "t1", "type": "tool_call"})
+    assert isinstance(msg, ToolMessage) and msg.content == "2"
+    lcs = to_langchain(stats)
+    msg = lcs.invoke({"name": "stats", "args": {"values": [2, 4]}, "id": "t2", "type": "tool_call"})
+    assert msg.content == "3" and msg.artifact == {"n": 2}
+    # a ToolError is shown to the LangChain agent as the tool's answer
+    assert to_langchain(fail).invoke({"reason": "z"}) == "cannot do it: z"
+    # and back again
+    back = from_langchain(lc)
+    assert asyncio.run(invoke(back, {"a": 5, "b": 5})).content == "10"
+
+
+def test_registry_entry_points_and_register():
+    assert {"calculator", "code", "search"} <= set(list_tools())
+
+    class Echo:
+        name = "echo"
+        description = "Echo the text."
+        timeout_s = None
+
+        class args_schema(BaseModel):
+            text: str
+
+        def __init__(self, prefix: str = "") -> None:
+            self.prefix = prefix
+
+        async def run(self, args: BaseModel) -> str:
+            return self.prefix + args.text  # type: ignore[attr-defined]
+
+    register_tool("echo", Echo)
+    t = make_tool("echo", prefix="> ")
+    assert asyncio.run(invoke(t, {"text": "hi"})).content == "> hi"
+    assert "echo" in list_tools()
+    with pytest.raises(KeyError, match=r"unknown tool 'nope'; available: .*calculator"):
+        make_tool("nope")
+
+
+def test_make_builtin_calculator_through_entry_point():
+    calc = make_tool("calculator")
+    assert calc.name == "calculator"
+    assert asyncio.run(invoke(calc, {"expression": "2+3*4"})).content == "14"
