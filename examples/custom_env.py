@@ -31,8 +31,7 @@ class CapitalsEnv(ToolEnv):
     def tasks(self, split):
         ids = range(80) if split == "train" else range(80, 100)  # disjoint splits
         return [
-            Task(id=f"cap-{i}", prompt=f"What is the capital of Country{i}?", answer=CAPITALS[f"Country{i}"])
-            for i in ids
+            Task(id=f"cap-{i}", prompt=f"Capital of Country{i}?", answer=CAPITALS[f"Country{i}"]) for i in ids
         ]
 
     async def check_answer(self, answer, task):
@@ -56,7 +55,5 @@ register("capitals", CapitalsEnv)
 if __name__ == "__main__":
     env = make("capitals")
     check_environment(env)
-    results = [asyncio.run(run_oracle(env, t))[0] for t in env.tasks("test")]
-    print(
-        f"check_environment passed; oracle solved {sum(bool(r.info['correct']) for r in results)}/{len(results)}"
-    )
+    solved = [asyncio.run(run_oracle(env, t))[0].info["correct"] for t in env.tasks("test")]
+    print(f"check_environment passed; the oracle solved {sum(solved)}/{len(solved)} test tasks")
