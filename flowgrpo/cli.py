@@ -1,14 +1,170 @@
-"""The ``flowgrpo`` command line (grows with the trainer, replay and report)."""
+"""The ``flowgrpo`` command line (grows with the trainer, replay and report).
+
+Each subcommand is added by an ``add_<name>_parser(subparsers)`` function that sets ``func`` (the
+handler, ``args -> exit code``); handlers import their modules lazily so ``flowgrpo --help`` stays
+fast.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+
+
+def _first_line(text: str | None) -> str:
+    for line in (text or "").strip().splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+def add_replay_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "replay",
+        help="print a run's trajectories turn by turn; rescore or re-execute them",
+        description="Print saved trajectories turn by turn (messages, tool calls, observations, per-turn "
+        "reward/advantage, token counts, termination, reward breakdown). --rescore scores them with other "
+        "rewards; --reexecute runs the recorded tool calls again and reports differing observations.",
+    )
+    p.add_argument("run", help="the run directory (the trainer's output_dir)")
+    p.add_argument("--step", type=int, help="optimizer step (default: the last saved step)")
+    p.add_argument("--task", help="only trajectories of this task id")
+    p.add_argument("--traj", help="the K-th trajectory of the selection, or a trajectory id")
+    p.add_argument("--limit", type=int, default=4, help="print at most this many trajectories in full (default 4)")
+    p.add_argument("--color", choices=["auto", "always", "never"], default="auto",
+                   help="ANSI colour (auto: only when stdout is a terminal)")
+    p.add_argument("--no-tokenizer", action="store_true",
+                   help="do not load the run's tokenizer (the opening prompt is then shown as a token count)")
+    p.add_argument("--rescore", nargs="+", metavar="REWARD",
+                   help="score the selection with these rewards (NAME or NAME=WEIGHT), e.g. accuracy format=0.2")
+    p.add_argument("--reexecute", action="store_true",
+                   help="run the recorded tool calls against the environment and report differing observations")
+    p.add_argument("--env", help="environment name (default: the run's config.yaml)")
+    p.add_argument("--env-kwargs", type=json.loads, help="environment kwargs as JSON (default: the config's)")
+    p.set_defaults(func=_run_replay)
+
+
+def _run_replay(args: argparse.Namespace) -> int:
+    from flowgrpo.replay import cli_replay
+
+    return cli_replay(args)
+
+
+def add_report_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "report",
+        help="write RUN/report.html (curves, tables, token-level trajectories) and RUN/plot.png",
+        description="Write a static, self-contained HTML report of a run: reward and accuracy curves, "
+        "per-step metrics, evaluations, and trajectories with tokens coloured by loss mask and advantage.",
+    )
+    p.add_argument("run", help="the run directory")
+    p.add_argument("-o", "--output", help="output HTML path (default RUN/report.html)")
+    p.add_argument("--max-trajectories", type=int, default=8, help="trajectories shown (default 8)")
+    p.add_argument("--step", type=int, action="append",
+                   help="steps whose trajectories to show (repeatable; default: the first and last)")
+    p.add_argument("--no-tokenizer", action="store_true", help="show token ids instead of loading the tokenizer")
+    p.add_argument("--no-plot", action="store_true", help="do not write RUN/plot.png")
+    p.set_defaults(func=_run_report)
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from flowgrpo.report import cli_report
+
+    return cli_report(args)
+
+
+def add_envs_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("envs", help="list the registered environments and their tools")
+    p.set_defaults(func=_run_envs)
+
+
+def _run_envs(args: argparse.Namespace) -> int:
+    from flowgrpo import env as env_mod
+
+    names = env_mod.list_envs()
+    if not names:
+        print("no environments registered")
+        return 0
+    width = max(len(n) for n in names)
+    for name in names:
+        try:
+            env = env_mod.make(name)
+        except Exception as e:  # a plugin that fails to import still gets listed, with the reason
+            print(f"{name:<{width}}  (cannot be built with default arguments: {type(e).__name__}: {e})")
+            continue
+        doc = _first_line(type(env).__doc__) or _first_line(getattr(env, "system_prompt", ""))
+        tools = ", ".join(getattr(t, "name", "?") for t in getattr(env, "tools", [])) or "(none)"
+        print(f"{name:<{width}}  {doc}")
+        print(f"{'':<{width}}  tools: {tools}")
+    return 0
+
+
+def add_tools_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("tools", help="list the registered tools")
+    p.set_defaults(func=_run_tools)
+
+
+def _run_tools(args: argparse.Namespace) -> int:
+    from flowgrpo import tool as tool_mod
+
+    names = tool_mod.list_tools()
+    if not names:
+        print("no tools registered")
+        return 0
+    width = max(len(n) for n in names)
+    for name in names:
+        try:
+            t = tool_mod.make_tool(name)
+        except ImportError as e:
+            print(f"{name:<{width}}  (cannot be imported: {_first_line(str(e))})")
+            continue
+        except Exception as e:  # e.g. search needs a corpus: list it with the reason
+            print(f"{name:<{width}}  (needs arguments to build: {_first_line(str(e))})")
+            continue
+        args_desc = ", ".join(sorted(tool_mod.to_openai_schema(t)["function"]["parameters"].get("properties", {})))
+        print(f"{name:<{width}}  {_first_line(t.description)}  (args: {args_desc or 'none'})")
+    return 0
+
+
+def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "serve",
+        help="serve a model over an OpenAI-compatible HTTP API (/v1/models, /v1/completions, /v1/chat/completions)",
+        description="Serve a model with the hf backend over an OpenAI-compatible API (vLLM dialect: token-id "
+        "prompts, token ids and processed logprobs in completions). A development server: no auth, no streaming.",
+    )
+    p.add_argument("--model", default="smollm2-135m",
+                   help="embedded model name, local HF directory, .gguf file, or 'tiny' (a random test model)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (0 picks a free one; default 8000)")
+    p.add_argument("--autocast", choices=["bfloat16", "float16"], help="decode under autocast over fp32 weights")
+    p.add_argument("--max-batch-size", type=int, default=64, help="prompts decoded together (default 64)")
+    p.add_argument("--served-model-name", help="the model id clients use (default: --model)")
+    p.set_defaults(func=_run_serve)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from flowgrpo.serve import main as serve_main
+
+    return serve_main(args.model, host=args.host, port=args.port, autocast=args.autocast,
+                      max_batch_size=args.max_batch_size, model_name=args.served_model_name)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="flowgrpo", description=__doc__)
-    parser.add_subparsers(dest="command")
+    parser = argparse.ArgumentParser(prog="flowgrpo", description=_first_line(__doc__))
+    subparsers = parser.add_subparsers(dest="command")
+    add_replay_parser(subparsers)
+    add_report_parser(subparsers)
+    add_envs_parser(subparsers)
+    add_tools_parser(subparsers)
+    add_serve_parser(subparsers)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
-    return 0
+        return 0
+    try:
+        return int(args.func(args))
+    except BrokenPipeError:  # `flowgrpo replay RUN | head`
+        sys.stderr.close()
+        return 0

@@ -1,0 +1,786 @@
+"""Replay: read a run directory back and look at what the policy actually did.
+
+Three questions come up when a training curve looks wrong, and each has a tool here:
+
+- *What happened?* :func:`format_trajectory` prints an episode turn by turn -- the messages, the
+  tool calls and what came back, per-turn reward and advantage, how many prompt and action tokens
+  each turn fed and sampled, why the episode ended and how the reward broke down. It reads only
+  the stored :class:`~flowgrpo.types.Trajectory`, so it works on any run, even one whose
+  environment no longer exists.
+- *Was it scored right?* :func:`rescore` scores saved trajectories with other rewards
+  (:class:`flowgrpo.rewards.CompositeReward`, offline) and tabulates old against new, e.g. to
+  check whether a format bonus is what the policy learnt to farm.
+- *Is the environment deterministic?* :func:`reexecute` runs each recorded action's tool calls
+  against a fresh environment and reports every observation that differs from the recorded one.
+  For deterministic tools (calculator, BM25 search) any difference is a bug: a tool that depends
+  on hidden state, or an environment whose episodes leak into each other -- exactly the kind of
+  silent non-stationarity that makes RL curves hard to read.
+
+Run directory layout (see ``CONTRACTS.md``): ``config.yaml``, ``metrics.jsonl``, ``eval.jsonl``
+and ``trajectories/step_NNNNNN.jsonl`` (written by :mod:`flowgrpo.store`). :func:`load_run` reads
+it lazily: trajectories are parsed on first access to a step.
+
+The command line is ``flowgrpo replay RUN [--step N] [--task ID] [--traj K] [--rescore ...]
+[--reexecute]`` (:mod:`flowgrpo.cli`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flowgrpo.store import iter_trajectories
+from flowgrpo.types import Message, ParsedAction, Task, Termination, Trajectory, TrajectoryGroup
+
+log = logging.getLogger(__name__)
+
+STEP_FILE_RE = re.compile(r"^step_(\d+)\.jsonl$")
+
+
+class RunError(ValueError):
+    """A run directory that cannot be read; the message says what is missing and how to fix it."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a run
+# ---------------------------------------------------------------------------------------------
+
+
+def read_jsonl_records(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSONL file (``[]`` if it does not exist).
+
+    A torn last line (the trainer was killed mid-write) is skipped with a warning; a bad line in
+    the middle is an error naming the line, because it means the file was edited or corrupted.
+    """
+    if not path.is_file():
+        return []
+    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+    last = max((i for i, ln in enumerate(lines) if ln.strip()), default=-1)
+    out: list[dict[str, Any]] = []
+    for i, ln in enumerate(lines):
+        if not ln.strip():
+            continue
+        try:
+            rec = json.loads(ln)
+        except json.JSONDecodeError as e:
+            if i == last:
+                log.warning("%s:%d: skipping a truncated last line", path, i + 1)
+                continue
+            raise RunError(f"{path}:{i + 1}: not valid JSON ({e})") from e
+        if not isinstance(rec, dict):
+            raise RunError(f"{path}:{i + 1}: expected a JSON object per line, got {type(rec).__name__}")
+        out.append(rec)
+    return out
+
+
+class StepTrajectories(Mapping[int, list[Trajectory]]):
+    """``{step: [Trajectory, ...]}`` over ``RUN/trajectories/step_*.jsonl``, parsed on first access.
+
+    A run of a few hundred steps holds hundreds of MB of token ids; replaying one step should not
+    parse them all.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._files: dict[int, Path] = {}
+        if folder.is_dir():
+            for p in folder.iterdir():
+                m = STEP_FILE_RE.match(p.name)
+                if m and p.is_file():
+                    self._files[int(m.group(1))] = p
+        self._cache: dict[int, list[Trajectory]] = {}
+
+    def __getitem__(self, step: int) -> list[Trajectory]:
+        if step not in self._files:
+            raise KeyError(step)
+        if step not in self._cache:
+            self._cache[step] = list(iter_trajectories(self._files[step]))
+        return self._cache[step]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(sorted(self._files))
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+    def path(self, step: int) -> Path:
+        return self._files[step]
+
+
+@dataclass
+class RunData:
+    """Everything a run directory holds that replay and report read."""
+
+    run_dir: Path
+    config: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    evals: list[dict[str, Any]]
+    trajectories: StepTrajectories
+
+    @property
+    def steps(self) -> list[int]:
+        """Steps that have saved trajectories, ascending."""
+        return list(self.trajectories)
+
+    @property
+    def last_step(self) -> int | None:
+        return self.steps[-1] if self.trajectories else None
+
+    def env_spec(self) -> tuple[str, dict[str, Any]] | None:
+        """``(env name, env kwargs)`` from the config, or None when the config names no env."""
+        return env_spec_from_config(self.config)
+
+    def model_name(self) -> str | None:
+        return model_name_from_config(self.config)
+
+
+def load_run(run_dir: str | os.PathLike) -> RunData:
+    """Read a run directory (lazily for trajectories). Raises :class:`RunError` if it is not one."""
+    run_dir = Path(run_dir).expanduser()
+    if not run_dir.is_dir():
+        raise RunError(f"{run_dir} is not a directory; pass the run directory the trainer wrote (RUN/)")
+    known = ("config.yaml", "metrics.jsonl", "eval.jsonl", "trajectories")
+    if not any((run_dir / k).exists() for k in known):
+        raise RunError(
+            f"{run_dir} holds none of {', '.join(known)}: it is not a flowgrpo run directory "
+            "(the trainer's output_dir)"
+        )
+    config: dict[str, Any] = {}
+    cfg_path = run_dir / "config.yaml"
+    if cfg_path.is_file():
+        import yaml
+
+        loaded = yaml.safe_load(cfg_path.read_text(encoding="utf-8"))
+        if loaded is not None and not isinstance(loaded, dict):
+            raise RunError(f"{cfg_path}: expected a mapping at the top level, got {type(loaded).__name__}")
+        config = loaded or {}
+    return RunData(
+        run_dir=run_dir,
+        config=config,
+        metrics=read_jsonl_records(run_dir / "metrics.jsonl"),
+        evals=read_jsonl_records(run_dir / "eval.jsonl"),
+        trajectories=StepTrajectories(run_dir / "trajectories"),
+    )
+
+
+def env_spec_from_config(config: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """The environment a config trains on: ``env: NAME`` (+ ``env_kwargs: {...}``) or
+    ``env: {name: NAME, kwargs: {...}}`` (the :class:`flowgrpo.env.EnvSpec` form)."""
+    env = config.get("env")
+    if isinstance(env, str) and env:
+        kwargs = config.get("env_kwargs") or {}
+        return env, dict(kwargs)
+    if isinstance(env, Mapping) and isinstance(env.get("name"), str):
+        return env["name"], dict(env.get("kwargs") or {})
+    return None
+
+
+def model_name_from_config(config: Mapping[str, Any]) -> str | None:
+    """The policy model a config names: ``model: NAME`` or ``model: {name|name_or_path|path: NAME}``."""
+    model = config.get("model")
+    if isinstance(model, str) and model:
+        return model
+    if isinstance(model, Mapping):
+        for key in ("name", "name_or_path", "path"):
+            if isinstance(model.get(key), str) and model[key]:
+                return model[key]
+    name = config.get("model_name")
+    return name if isinstance(name, str) and name else None
+
+
+def load_tokenizer_for_run(run: RunData) -> Any | None:
+    """The run's tokenizer, or None (with a logged reason) when it cannot be had offline.
+
+    ``tiny`` names :func:`flowgrpo.models.tiny_tokenizer` (what tests train with); other names go
+    through :func:`flowgrpo.models.load_model`'s resolution but load only the tokenizer when a
+    converted model directory exists.
+    """
+    name = run.model_name()
+    if name is None:
+        log.info("the run's config names no model: showing token ids")
+        return None
+    try:
+        return load_tokenizer(name)
+    except Exception as e:
+        log.warning("cannot load the tokenizer of %r (%s): showing token ids", name, e)
+        return None
+
+
+def load_tokenizer(name: str) -> Any:
+    """A tokenizer by model name, never from a hub: ``tiny``, an embedded model, a local directory."""
+    from flowgrpo import models
+
+    if name == "tiny" or name.startswith("tiny-") or name.startswith("tiny_"):
+        return models.tiny_tokenizer()
+    if hasattr(models, "load_tokenizer"):
+        return models.load_tokenizer(name)
+    from transformers import AutoTokenizer
+
+    if name in models.EMBEDDED_MODELS:
+        gguf = models.embedded_gguf_path(name)
+        cached = models._cached_dir_for(gguf, name)
+        if (cached / "tokenizer_config.json").is_file() or (cached / "tokenizer.json").is_file():
+            return models._finish_tokenizer(AutoTokenizer.from_pretrained(cached, local_files_only=True))
+        return models._finish_tokenizer(
+            AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+        )
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return models._finish_tokenizer(AutoTokenizer.from_pretrained(path, local_files_only=True))
+    raise FileNotFoundError(f"{name!r} is neither 'tiny', an embedded model nor a local directory")
+
+
+def make_run_env_factory(
+    run: RunData, env_name: str | None = None, env_kwargs: Mapping[str, Any] | None = None
+) -> Callable[[], Any]:
+    """A factory of fresh environments as the run configured them (or as overridden)."""
+    from flowgrpo import env as env_mod
+
+    if env_name is None:
+        spec = run.env_spec()
+        if spec is None:
+            raise RunError(
+                f"{run.run_dir / 'config.yaml'} names no environment (expected `env: NAME` or "
+                "`env: {name: NAME, kwargs: {...}}`); pass --env NAME [--env-kwargs JSON]"
+            )
+        env_name, kwargs = spec
+    else:
+        kwargs = {}
+    if env_kwargs is not None:
+        kwargs = dict(env_kwargs)
+    name, kw = env_name, dict(kwargs)
+    return lambda: env_mod.make(name, **kw)
+
+
+def tasks_by_id(env: Any) -> dict[str, Task]:
+    """Every task of an environment, both splits, by id."""
+    out: dict[str, Task] = {}
+    for split in ("train", "test"):
+        for t in env.tasks(split):
+            out.setdefault(t.id, t)
+    return out
+
+
+def select_trajectories(
+    run: RunData, *, step: int | None = None, task: str | None = None, traj: str | int | None = None
+) -> tuple[int, list[Trajectory]]:
+    """The trajectories of ``step`` (default: the last saved step), filtered by task id, then the
+    ``traj``-th of them (an index) or the one with that trajectory id. Returns ``(step, trajs)``."""
+    if not run.trajectories:
+        raise RunError(f"{run.run_dir / 'trajectories'} holds no step_*.jsonl files: nothing to replay")
+    if step is None:
+        step = run.steps[-1]
+    if step not in run.trajectories:
+        raise RunError(f"no trajectories saved for step {step}; saved steps: {_ranges(run.steps)}")
+    trajs = run.trajectories[step]
+    if task is not None:
+        trajs = [t for t in trajs if t.task_id == task]
+        if not trajs:
+            ids = sorted({t.task_id for t in run.trajectories[step]})
+            raise RunError(f"step {step} has no trajectory of task {task!r}; its tasks: {', '.join(ids[:20])}")
+    if traj is not None:
+        if isinstance(traj, str) and not traj.lstrip("-").isdigit():
+            found = [t for t in trajs if t.id == traj]
+            if not found:
+                raise RunError(f"no trajectory with id {traj!r} at step {step}")
+            trajs = found
+        else:
+            k = int(traj)
+            if not -len(trajs) <= k < len(trajs):
+                raise RunError(f"--traj {k} is out of range: the selection holds {len(trajs)} trajectories")
+            trajs = [trajs[k]]
+    return step, trajs
+
+
+def _ranges(steps: Sequence[int]) -> str:
+    if not steps:
+        return "(none)"
+    parts, start, prev = [], steps[0], steps[0]
+    for s in [*steps[1:], None]:
+        if s is not None and s == prev + 1:
+            prev = s
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if s is not None:
+            start = prev = s
+    return ", ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Formatting
+# ---------------------------------------------------------------------------------------------
+
+
+class Style:
+    """ANSI styles; all empty when colour is off, so the text is identical minus escapes."""
+
+    def __init__(self, color: bool) -> None:
+        def c(code: str) -> str:
+            return f"\x1b[{code}m" if color else ""
+
+        self.reset = c("0")
+        self.bold = c("1")
+        self.dim = c("2")
+        self.red = c("31")
+        self.green = c("32")
+        self.yellow = c("33")
+        self.blue = c("34")
+        self.magenta = c("35")
+        self.cyan = c("36")
+
+    def signed(self, x: float | None, fmt: str = "+.3f") -> str:
+        if x is None:
+            return f"{self.dim}n/a{self.reset}"
+        col = self.green if x > 0 else self.red if x < 0 else ""
+        return f"{col}{x:{fmt}}{self.reset}" if col else f"{x:{fmt}}"
+
+
+def _indent(text: str, prefix: str = "    ") -> str:
+    return "\n".join(prefix + ln for ln in (text.splitlines() or [""]))
+
+
+def _message_block(m: Message, st: Style) -> str:
+    if m.role == "tool":
+        head = f"{st.yellow}[tool{' ' + m.name if m.name else ''}]{st.reset}"
+        if m.tool_call_id:
+            head += f" {st.dim}(answers {m.tool_call_id}){st.reset}"
+    elif m.role == "user":
+        head = f"{st.magenta}[user]{st.reset}"
+    elif m.role == "assistant":
+        head = f"{st.cyan}{st.bold}[assistant]{st.reset}"
+    else:
+        head = f"{st.blue}[{m.role}]{st.reset}"
+    lines = [head, _indent(m.content)]
+    for call in m.tool_calls:
+        args = json.dumps(call.arguments, ensure_ascii=False)
+        lines.append(f"    {st.green}-> call {call.name}({args}){st.reset} {st.dim}id={call.id}{st.reset}")
+    return "\n".join(lines)
+
+
+def _decode(tokenizer: Any, ids: Sequence[int]) -> str:
+    return tokenizer.decode(list(ids), skip_special_tokens=False)
+
+
+def format_trajectory(
+    traj: Trajectory,
+    tokenizer: Any | None = None,
+    *,
+    task: Task | None = None,
+    color: bool = False,
+    title: str | None = None,
+) -> str:
+    """A trajectory as readable text, turn by turn.
+
+    The opening prompt is stored only as token ids (``turns[0].prompt_ids``), so it is shown
+    decoded when a ``tokenizer`` is given, else the ``task``'s prompt when given, else as a token
+    count. Actions and observations are stored as messages and always shown.
+    """
+    st = Style(color)
+    out: list[str] = []
+    prompt_tok = sum(len(t.prompt_ids) for t in traj.turns)
+    action_tok = traj.num_action_tokens
+    head = title or f"trajectory {traj.id}"
+    out.append(f"{st.bold}== {head} =={st.reset}")
+    out.append(
+        f"task {traj.task_id or '?'}  env {traj.env or '?'}  group {traj.group_id or '?'}  "
+        f"policy v{traj.policy_version}"
+    )
+    breakdown = "  ".join(f"{k}={v:.3f}" for k, v in sorted(traj.reward_breakdown.items()))
+    out.append(
+        f"reward {st.signed(traj.reward, '.3f')}" + (f"  ({breakdown})" if breakdown else "")
+        + f"  termination {_termination_text(traj, st)}  turns {len(traj.turns)}"
+    )
+    out.append(f"tokens {traj.num_tokens} (prompt/observation {prompt_tok}, action {action_tok})")
+    if task is not None and task.answer is not None:
+        out.append(f"gold answer: {task.answer}")
+    if traj.metadata.get("error"):
+        out.append(f"{st.red}error: {traj.metadata['error']}{st.reset}")
+    for k, turn in enumerate(traj.turns):
+        adv = turn.advantage
+        out.append(
+            f"{st.bold}-- turn {k + 1}/{len(traj.turns)}{st.reset}  prompt {len(turn.prompt_ids)} tok  "
+            f"action {len(turn.action_ids)} tok  reward {turn.reward:+.3f}  advantage {st.signed(adv)}  "
+            f"finish {turn.finish_reason}" + ("  (context reset)" if turn.resets_context else "")
+        )
+        if k == 0 or turn.resets_context:
+            if tokenizer is not None:
+                out.append(f"{st.dim}[prompt, as the model saw it]{st.reset}")
+                out.append(f"{st.dim}{_indent(_decode(tokenizer, turn.prompt_ids))}{st.reset}")
+            elif task is not None:
+                out.append(f"{st.magenta}[task prompt]{st.reset}")
+                out.append(_indent(task.prompt))
+            else:
+                out.append(f"{st.dim}[prompt: {len(turn.prompt_ids)} tokens; pass a tokenizer to see them]{st.reset}")
+        out.append(_message_block(turn.action, st))
+        if turn.observations:
+            for m in turn.observations:
+                out.append(_message_block(m, st))
+        info = turn.metadata.get("info")
+        if isinstance(info, Mapping) and "answer" in info:
+            out.append(f"    {st.bold}final answer: {info['answer']!s}{st.reset}  correct: {info.get('correct')}")
+    return "\n".join(out)
+
+
+def _termination_text(traj: Trajectory, st: Style) -> str:
+    term = traj.termination.value if isinstance(traj.termination, Termination) else str(traj.termination)
+    col = st.green if term == "finished" else st.yellow if term in ("max_turns", "max_tokens") else st.red
+    return f"{col}{term}{st.reset}"
+
+
+def format_summary(trajs: Sequence[Trajectory], *, step: int | None = None, color: bool = False) -> str:
+    """One line per trajectory: index, task, reward, advantage of the first turn, turns, tokens."""
+    st = Style(color)
+    rows = [
+        f"{'#':>3}  {'task':<28} {'reward':>7} {'adv':>7} {'turns':>5} {'tokens':>7}  termination",
+    ]
+    for i, t in enumerate(trajs):
+        adv = next((u.advantage for u in t.turns if u.advantage is not None), None)
+        adv_s = f"{adv:+7.3f}" if adv is not None else f"{'n/a':>7}"
+        rows.append(
+            f"{i:>3}  {t.task_id[:28]:<28} {t.reward:>7.3f} {adv_s} {len(t.turns):>5} {t.num_tokens:>7}  "
+            f"{_termination_text(t, st)}"
+        )
+    if trajs:
+        mean = sum(t.reward for t in trajs) / len(trajs)
+        rows.append(f"{len(trajs)} trajectories" + (f" at step {step}" if step is not None else "")
+                    + f", mean reward {mean:.3f}")
+    return "\n".join(rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rescoring
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_reward_args(args: Sequence[str]) -> list[Any]:
+    """``["accuracy", "format=0.2"]`` -> RewardSpecs (``NAME`` or ``NAME=WEIGHT``)."""
+    from flowgrpo.rewards import RewardSpec
+
+    specs = []
+    for a in args:
+        name, _, weight = a.partition("=")
+        if not name:
+            raise ValueError(f"bad reward {a!r}: write NAME or NAME=WEIGHT, e.g. accuracy format=0.2")
+        try:
+            w = float(weight) if weight else 1.0
+        except ValueError as e:
+            raise ValueError(f"bad weight in {a!r}: {weight!r} is not a number") from e
+        specs.append(RewardSpec(name=name, weight=w))
+    return specs
+
+
+@dataclass
+class RescoreRow:
+    traj_id: str
+    task_id: str
+    old_reward: float
+    new_reward: float
+    old_breakdown: dict[str, float]
+    new_breakdown: dict[str, float]
+
+
+@dataclass
+class RescoreReport:
+    rows: list[RescoreRow]
+    reward_names: list[str]
+
+    @property
+    def old_mean(self) -> float:
+        return sum(r.old_reward for r in self.rows) / len(self.rows) if self.rows else 0.0
+
+    @property
+    def new_mean(self) -> float:
+        return sum(r.new_reward for r in self.rows) / len(self.rows) if self.rows else 0.0
+
+    def part_mean(self, name: str) -> float:
+        return sum(r.new_breakdown[name] for r in self.rows) / len(self.rows) if self.rows else 0.0
+
+    def format(self) -> str:
+        names = self.reward_names
+        head = f"{'trajectory':<18} {'task':<28} {'old':>7} {'new':>7} {'delta':>7}" + "".join(
+            f" {n[:10]:>10}" for n in names
+        )
+        lines = [head]
+        for r in self.rows:
+            lines.append(
+                f"{r.traj_id[:18]:<18} {r.task_id[:28]:<28} {r.old_reward:>7.3f} {r.new_reward:>7.3f} "
+                f"{r.new_reward - r.old_reward:>+7.3f}" + "".join(f" {r.new_breakdown[n]:>10.3f}" for n in names)
+            )
+        lines.append(
+            f"{'mean':<18} {'(' + str(len(self.rows)) + ' trajectories)':<28} {self.old_mean:>7.3f} "
+            f"{self.new_mean:>7.3f} {self.new_mean - self.old_mean:>+7.3f}"
+            + "".join(f" {self.part_mean(n):>10.3f}" for n in names)
+        )
+        return "\n".join(lines)
+
+
+def rescore(
+    trajs: Sequence[Trajectory], rewards: Sequence[Any], tasks: Mapping[str, Task], *, fns: Any = None
+) -> RescoreReport:
+    """Score copies of ``trajs`` with ``rewards`` (RewardSpecs, dicts or names); the originals are
+    untouched. Trajectories are grouped by ``group_id`` so group rewards (diversity) see their group."""
+    from flowgrpo.rewards import CompositeReward, RewardSpec
+
+    specs = [RewardSpec(name=r) if isinstance(r, str) else r for r in rewards]
+    composite = CompositeReward(specs, fns=fns)
+    missing = sorted({t.task_id for t in trajs if t.task_id not in tasks})
+    if missing:
+        raise RunError(
+            f"{len(missing)} task ids are not among the environment's tasks (first: {missing[:5]}); was the "
+            "run made with other env kwargs? pass --env NAME --env-kwargs JSON"
+        )
+    copies = [t.model_copy(deep=True) for t in trajs]
+    for c in copies:
+        c.reward_breakdown = {}
+    groups: dict[str, TrajectoryGroup] = {}
+    for c in copies:
+        key = c.group_id or c.id
+        if key not in groups:
+            groups[key] = TrajectoryGroup(group_id=key, task=tasks[c.task_id])
+        groups[key].trajectories.append(c)
+    composite.score_groups(list(groups.values()))
+    rows = [
+        RescoreRow(o.id, o.task_id, o.reward, c.reward, dict(o.reward_breakdown), dict(c.reward_breakdown))
+        for o, c in zip(trajs, copies, strict=True)
+    ]
+    return RescoreReport(rows=rows, reward_names=[s.name for s in composite.specs])
+
+
+# ---------------------------------------------------------------------------------------------
+# Re-execution
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ObservationDiff:
+    """One place where re-execution disagrees with the record."""
+
+    traj_id: str
+    task_id: str
+    turn: int  # 0-based
+    index: int  # observation index in the turn; -1 for a turn-level difference
+    recorded: Message | None
+    replayed: Message | None
+    note: str = ""
+
+    def format(self, color: bool = False) -> str:
+        st = Style(color)
+        where = f"{self.traj_id} (task {self.task_id}) turn {self.turn + 1}"
+        if self.index >= 0:
+            where += f" observation {self.index + 1}"
+        lines = [f"{st.bold}{where}{st.reset}" + (f": {self.note}" if self.note else "")]
+        for label, m, col in (("recorded", self.recorded, st.red), ("replayed", self.replayed, st.green)):
+            if m is not None or self.index >= 0:
+                text = "(none)" if m is None else f"[{m.role}{' ' + m.name if m.name else ''}] {m.content}"
+                lines.append(f"  {col}{label}:{st.reset} " + text.replace("\n", "\n            "))
+        return "\n".join(lines)
+
+
+@dataclass
+class ReexecuteReport:
+    diffs: list[ObservationDiff] = field(default_factory=list)
+    identical: int = 0  # observations that matched exactly
+    compared: int = 0  # observations compared (recorded or replayed)
+    trajectories: int = 0
+    skipped: list[str] = field(default_factory=list)  # why a trajectory could not be replayed
+
+    @property
+    def ok(self) -> bool:
+        return not self.diffs and not self.skipped
+
+    def format(self, color: bool = False) -> str:
+        lines = [d.format(color) for d in self.diffs]
+        lines += [f"skipped: {s}" for s in self.skipped]
+        lines.append(
+            f"{self.trajectories} trajectories re-executed: {self.identical}/{self.compared} observations "
+            f"identical, {len(self.diffs)} differences"
+            + (f", {len(self.skipped)} skipped" if self.skipped else "")
+        )
+        return "\n".join(lines)
+
+
+def _same(a: Message, b: Message) -> bool:
+    return a.model_dump() == b.model_dump()
+
+
+def _parsed_action(env: Any, turn_action: Message) -> tuple[ParsedAction, str]:
+    """Rebuild the ParsedAction the rollout gave ``env.step``: the recorded message (its tool-call
+    ids included, so ``tool_call_id`` matches) plus the answer and errors the parser reads from its
+    text. Returns a note when the parser now reads different tool calls than were recorded."""
+    try:
+        from flowgrpo.parsing import ParseError
+    except ImportError:  # pragma: no cover - parsing ships with flowgrpo
+        ParseError = ValueError  # type: ignore[misc,assignment]
+    try:
+        parsed = env.parser.parse(turn_action.content)
+    except ParseError as e:
+        return ParsedAction(message=turn_action, errors=[str(e)]), ""
+    note = ""
+    now = [(c.name, c.arguments) for c in parsed.message.tool_calls]
+    then = [(c.name, c.arguments) for c in turn_action.tool_calls]
+    if now != then:
+        note = f"the parser now reads the action's tool calls as {now}, the record has {then}"
+    return ParsedAction(message=turn_action, answer=parsed.answer, errors=list(parsed.errors)), note
+
+
+async def areexecute(
+    trajs: Sequence[Trajectory], env_factory: Callable[[], Any], tasks: Mapping[str, Task] | None = None
+) -> ReexecuteReport:
+    """Replay every trajectory's actions against a fresh environment and compare observations.
+
+    Each trajectory gets its own environment (as the rollout does), reset on its task; each
+    recorded turn's action is stepped in order. A turn cut by the token limit was never stepped and
+    ends the replay of that trajectory. Differences in observations, in termination (the env ends
+    the episode earlier or later than the record) and exceptions are all reported.
+    """
+    report = ReexecuteReport()
+    if tasks is None:
+        tasks = tasks_by_id(env_factory())
+    for traj in trajs:
+        task = tasks.get(traj.task_id)
+        if task is None:
+            report.skipped.append(f"{traj.id}: task {traj.task_id!r} is not among the environment's tasks")
+            continue
+        report.trajectories += 1
+        env = env_factory()
+        await env.reset(task)
+        for k, turn in enumerate(traj.turns):
+            if turn.finish_reason == "length":
+                break  # the rollout never stepped a truncated action
+            action, note = _parsed_action(env, turn.action)
+            if note:
+                report.diffs.append(ObservationDiff(traj.id, traj.task_id, k, -1, None, None, note))
+            try:
+                res = await env.step(action)
+            except Exception as e:
+                report.diffs.append(
+                    ObservationDiff(traj.id, traj.task_id, k, -1, None, None, f"env.step raised {type(e).__name__}: {e}")
+                )
+                break
+            rec, new = list(turn.observations), list(res.observations)
+            for i in range(max(len(rec), len(new))):
+                a = rec[i] if i < len(rec) else None
+                b = new[i] if i < len(new) else None
+                report.compared += 1
+                if a is not None and b is not None and _same(a, b):
+                    report.identical += 1
+                else:
+                    report.diffs.append(ObservationDiff(traj.id, traj.task_id, k, i, a, b))
+            last = k == len(traj.turns) - 1
+            ended = res.terminated or res.truncated
+            if ended and not last:
+                report.diffs.append(
+                    ObservationDiff(
+                        traj.id, traj.task_id, k, -1, None, None,
+                        f"the environment ended the episode here but the record has {len(traj.turns) - k - 1} more turns",
+                    )
+                )
+                break
+            if last and traj.termination == Termination.finished and not res.terminated:
+                report.diffs.append(
+                    ObservationDiff(
+                        traj.id, traj.task_id, k, -1, None, None,
+                        "the record ends with termination 'finished' but the environment did not terminate",
+                    )
+                )
+    return report
+
+
+def reexecute(
+    trajs: Sequence[Trajectory], env_factory: Callable[[], Any], tasks: Mapping[str, Task] | None = None
+) -> ReexecuteReport:
+    """Blocking :func:`areexecute` (must not be called inside a running event loop)."""
+    return asyncio.run(areexecute(trajs, env_factory, tasks))
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line (``flowgrpo replay``; the parser is in flowgrpo.cli)
+# ---------------------------------------------------------------------------------------------
+
+
+def _use_color(mode: str) -> bool:
+    if mode == "always":
+        return True
+    if mode == "never":
+        return False
+    return sys.stdout.isatty() and os.environ.get("NO_COLOR") is None and os.environ.get("TERM") != "dumb"
+
+
+def cli_replay(args: Any) -> int:
+    """``flowgrpo replay``: returns the exit code (2 for a bad run or selection, 1 when
+    ``--reexecute`` found differences)."""
+    try:
+        return _cli_replay(args)
+    except (RunError, KeyError, ValueError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"flowgrpo replay: error: {msg}", file=sys.stderr)
+        return 2
+
+
+def _cli_replay(args: Any) -> int:
+    run = load_run(args.run)
+    color = _use_color(args.color)
+    step, trajs = select_trajectories(run, step=args.step, task=args.task, traj=args.traj)
+    needs_env = bool(args.rescore or args.reexecute)
+    factory = tasks = None
+    if needs_env or args.env:
+        factory = make_run_env_factory(run, args.env, args.env_kwargs)
+        tasks = tasks_by_id(factory())
+    if args.rescore:
+        report = rescore(trajs, parse_reward_args(args.rescore), tasks or {})
+        print(f"step {step}: rescoring {len(trajs)} trajectories with {' '.join(args.rescore)}")
+        print(report.format())
+        return 0
+    if args.reexecute:
+        rep = reexecute(trajs, factory, tasks)  # type: ignore[arg-type]
+        print(f"step {step}: re-executing {len(trajs)} trajectories")
+        print(rep.format(color))
+        return 0 if rep.ok else 1
+    tokenizer = None if args.no_tokenizer else load_tokenizer_for_run(run)
+    if len(trajs) > 1:
+        print(format_summary(trajs, step=step, color=color))
+        print()
+    shown = trajs[: max(args.limit, 0)] if len(trajs) > 1 else trajs
+    for i, t in enumerate(shown):
+        title = f"step {step}, trajectory {t.id}" + (f" (#{i})" if len(trajs) > 1 else "")
+        task = tasks.get(t.task_id) if tasks else None
+        print(format_trajectory(t, tokenizer, task=task, color=color, title=title))
+        print()
+    if len(shown) < len(trajs):
+        print(f"({len(trajs) - len(shown)} more; select one with --traj K or --task ID, or raise --limit)")
+    return 0
+
+
+__all__ = [
+    "ObservationDiff",
+    "ReexecuteReport",
+    "RescoreReport",
+    "RescoreRow",
+    "RunData",
+    "RunError",
+    "StepTrajectories",
+    "areexecute",
+    "cli_replay",
+    "env_spec_from_config",
+    "format_summary",
+    "format_trajectory",
+    "load_run",
+    "load_tokenizer",
+    "load_tokenizer_for_run",
+    "make_run_env_factory",
+    "model_name_from_config",
+    "parse_reward_args",
+    "read_jsonl_records",
+    "reexecute",
+    "rescore",
+    "select_trajectories",
+    "tasks_by_id",
+]
