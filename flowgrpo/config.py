@@ -1,0 +1,290 @@
+"""Training configuration: typed pydantic sections, a YAML file, and dotted command-line overrides.
+
+    cfg = load_config("examples/calculator_agent.yaml", ["train.lr=1e-5", "algorithm.estimator=gigpo"])
+
+Every section forbids unknown keys, so a typo is an error that names the closest valid key instead of
+a setting silently ignored. The configuration chooses functions (an estimator name from
+:data:`flowgrpo.advantages.ESTIMATORS`, a loss aggregation); the functions never read it.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from flowgrpo.rewards import RewardSpec
+from flowgrpo.rollout import RolloutConfig
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message says how to fix it."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    """The policy. ``name``: an embedded model (``smollm2-135m``), a local HF directory, a ``.gguf``
+    file, or ``tiny`` (a small random model for smoke tests)."""
+
+    name: str = "smollm2-135m"
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="weight dtype; keep float32 master weights (bf16 weights barely learn)"
+    )
+    autocast: Literal["bfloat16", "float16"] | None = Field(
+        "bfloat16", description="autocast dtype for forward passes (rollout and training); null = off"
+    )
+    device: str | None = None
+
+
+class EnvConfig(_Section):
+    """The environment: a registered name (``flowgrpo.env.list_envs()``) and its keyword arguments."""
+
+    name: str = "arithmetic"
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class AlgorithmConfig(_Section):
+    """Advantage estimator and policy loss (formulas: docs/algorithms.md)."""
+
+    estimator: str = Field("flow_grpo", description="a name in flowgrpo.advantages.ESTIMATORS")
+    estimator_kwargs: dict[str, Any] = Field(default_factory=dict, description="e.g. {gamma: 0.95} for gigpo")
+    clip_low: float = Field(0.2, ge=0.0, lt=1.0)
+    clip_high: float = Field(0.28, ge=0.0, description="clip-higher (DAPO): > clip_low favours exploration")
+    dual_clip: float | None = Field(None, gt=1.0)
+    kl_coef: float = Field(0.001, ge=0.0, description="0 skips the reference model entirely")
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "turn_mean"] = "token_mean"
+    norm_len: int | None = Field(None, ge=1, description="seq_mean_token_sum_norm's constant length")
+    tis: Literal["off", "token", "sequence_mask"] = Field(
+        "off",
+        description="truncated importance sampling between the sampler's and the trainer's logprobs "
+        "(recomputes old logprobs with one extra forward pass)",
+    )
+    tis_cap: float = Field(2.0, gt=1.0)
+
+    @field_validator("estimator")
+    @classmethod
+    def _known_estimator(cls, v: str) -> str:
+        from flowgrpo.advantages import get_estimator
+
+        get_estimator(v)  # raises with the list of valid names
+        return v
+
+
+class TrainSection(_Section):
+    """The optimisation loop."""
+
+    steps: int = Field(100, ge=1, description="RL steps (rollout batch + updates)")
+    tasks_per_step: int = Field(8, ge=1)
+    group_size: int = Field(4, ge=1, description="episodes per task (G)")
+    lr: float = Field(1e-6, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    grad_clip: float | None = Field(1.0, gt=0)
+    micro_batch_tokens: int = Field(4096, ge=1, description="padded tokens per forward/backward")
+    epochs_per_batch: int = Field(1, ge=1, description="passes over each rollout batch")
+    minibatches_per_batch: int = Field(1, ge=1, description="optimizer steps per pass")
+    drop_zero_variance_groups: bool = Field(True, description="groups with equal rewards carry no signal")
+    pack_rows: bool = Field(True, description="one row per episode (prefix merging)")
+    logprob_chunk: int = Field(1024, ge=1)
+    seed: int = 0
+
+
+class RunSection(_Section):
+    """Outputs, checkpoints, logging."""
+
+    output_dir: str = "runs/default"
+    save_every: int = Field(10, ge=0, description="steps between checkpoints (0: only at the end)")
+    keep_last: int = Field(2, ge=1, description="checkpoints kept on disk")
+    resume: bool | str = Field(False, description="true: the latest checkpoint in output_dir; or a path")
+    save_trajectories: bool = True
+    tensorboard: bool = False
+    progress: bool = True
+    eval_every: int = Field(0, ge=0, description="steps between evaluations (0: off)")
+    eval_n: int | None = Field(None, ge=1, description="test tasks per evaluation (default: all)")
+
+
+class SFTSection(_Section):
+    """Optional supervised warm start on demonstrations (the environment's oracle, run through the
+    rollout engine's text-policy path) before RL: small models that never follow the tool-call
+    format unaided get a policy whose samples sometimes earn reward."""
+
+    enabled: bool = False
+    tasks: int = Field(32, ge=1, description="train tasks to demonstrate")
+    epochs: int = Field(2, ge=1)
+    lr: float = Field(1e-4, gt=0)
+    batch_trajectories: int = Field(8, ge=1, description="trajectories per optimizer step")
+    only_successful: bool = Field(True, description="keep demonstrations whose reward is > 0")
+
+
+class TrainConfig(_Section):
+    """The whole run."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="accuracy")])
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    train: TrainSection = Field(default_factory=TrainSection)
+    run: RunSection = Field(default_factory=RunSection)
+    sft: SFTSection = Field(default_factory=SFTSection)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainConfig:
+        if self.train.minibatches_per_batch > self.train.tasks_per_step * self.train.group_size:
+            raise ValueError(
+                f"train.minibatches_per_batch={self.train.minibatches_per_batch} exceeds the trajectories per "
+                f"step ({self.train.tasks_per_step} x {self.train.group_size}); lower it"
+            )
+        return self
+
+
+# --------------------------------------------------------------------------------------------
+# Loading, overrides, readable errors.
+
+
+def _model_for(path: tuple[str | int, ...]) -> type[BaseModel] | None:
+    """The pydantic class that holds the field at ``path`` (for listing valid keys)."""
+    cls: Any = TrainConfig
+    for p in path:
+        if isinstance(p, int) or not (isinstance(cls, type) and issubclass(cls, BaseModel)):
+            if cls is not None and hasattr(cls, "__args__"):
+                cls = cls.__args__[0]
+            continue
+        field = cls.model_fields.get(p)
+        if field is None:
+            return None
+        ann = field.annotation
+        args = getattr(ann, "__args__", ())
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            cls = ann
+        elif args and isinstance(args[0], type) and issubclass(args[0], BaseModel):
+            cls = args[0]  # list[RewardSpec]
+        else:
+            cls = None
+    return cls if isinstance(cls, type) and issubclass(cls, BaseModel) else None
+
+
+def _explain(e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        loc = tuple(err["loc"])
+        dotted = ".".join(str(p) for p in loc) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            parent = _model_for(loc[:-1])
+            valid = sorted(parent.model_fields) if parent else []
+            close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+            hint = f"did you mean {'.'.join(map(str, (*loc[:-1], close[0])))!r}? " if close else ""
+            lines.append(f"  {dotted}: unknown key; {hint}valid keys here: {', '.join(valid)}")
+        else:
+            lines.append(f"  {dotted}: {err['msg']} (got {err.get('input')!r})")
+    return "invalid configuration:\n" + "\n".join(lines)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"train.lr=1e-5"`` -> ``(["train", "lr"], 1e-5)``; the value is parsed as YAML."""
+    import yaml
+
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like section.key=value (e.g. train.lr=1e-5)")
+    key, _, raw = text.partition("=")
+    path = [p for p in key.strip().split(".") if p]
+    if not path:
+        raise ConfigError(f"override {text!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {text!r}: the value is not valid YAML ({e})") from e
+    if isinstance(value, str) and value.lower() in ("none", "null"):
+        value = None
+    return path, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Set each dotted override in the nested dict ``data`` (in place; list items by index)."""
+    for text in overrides:
+        path, value = parse_override(text)
+        node: Any = data
+        for i, p in enumerate(path[:-1]):
+            if isinstance(node, list):
+                node = node[int(p)]
+                continue
+            if p not in node or node[p] is None:
+                node[p] = {}
+            if not isinstance(node[p], dict | list):
+                raise ConfigError(f"override {text!r}: {'.'.join(path[: i + 1])} is a value, not a section")
+            node = node[p]
+        last = path[-1]
+        if isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+    return data
+
+
+def config_from_dict(data: dict[str, Any]) -> TrainConfig:
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_explain(e)) from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """A :class:`TrainConfig` from a YAML file (or the defaults) plus dotted overrides."""
+    import yaml
+
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p} is not valid YAML: {e}") from e
+        if not isinstance(data, dict):
+            raise ConfigError(f"{p} must hold a mapping of sections (model, env, train, ...)")
+    if overrides:
+        # Overrides apply on top of the defaults, so `rewards.0.weight=2` works without a file.
+        data = _merge(TrainConfig().model_dump(mode="json", exclude_unset=False), data)
+        apply_overrides(data, list(overrides))
+    return config_from_dict(data)
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """``top`` over ``base``: mappings merge recursively, anything else (lists too) replaces."""
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def dump_config(cfg: TrainConfig, path: str | Path) -> None:
+    import yaml
+
+    Path(path).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+
+
+__all__ = [
+    "AlgorithmConfig",
+    "ConfigError",
+    "EnvConfig",
+    "ModelConfig",
+    "RunSection",
+    "SFTSection",
+    "TrainConfig",
+    "TrainSection",
+    "apply_overrides",
+    "config_from_dict",
+    "dump_config",
+    "load_config",
+    "parse_override",
+]

@@ -1,0 +1,125 @@
+"""Metrics: rollout statistics of a batch of groups, and a JSONL (+ optional TensorBoard) logger."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from flowgrpo.types import Trajectory, TrajectoryGroup
+
+
+def accuracy_of(traj: Trajectory) -> float:
+    """The ``accuracy`` reward when scored, else 1.0 for a positive outcome reward."""
+    if "accuracy" in traj.reward_breakdown:
+        return float(traj.reward_breakdown["accuracy"])
+    return 1.0 if traj.reward > 0 else 0.0
+
+
+def valid_tool_call_rate(trajs: Sequence[Trajectory], parser: Any = None) -> float | None:
+    """Among turns that tried to call a tool, the fraction whose calls all parsed.
+
+    With a ``parser`` the raw action text is re-parsed (``ParsedAction.errors`` empty and at least one
+    call); without one, turns with well-formed ``tool_calls`` count as valid and turns whose text has
+    a ``<tool_call`` tag but no parsed call as invalid. None when no turn tried.
+    """
+    tried = ok = 0
+    for t in trajs:
+        for turn in t.turns:
+            text = turn.action.content
+            if parser is not None:
+                try:
+                    parsed = parser.parse(text)
+                    calls, errors = parsed.message.tool_calls, parsed.errors
+                except Exception:
+                    calls, errors = [], ["unparseable"]
+                attempted = bool(calls) or any("tool" in e.lower() for e in errors)
+                valid = bool(calls) and not errors
+            else:
+                attempted = bool(turn.action.tool_calls) or "<tool_call" in text
+                valid = bool(turn.action.tool_calls)
+            tried += attempted
+            ok += attempted and valid
+    return ok / tried if tried else None
+
+
+def rollout_stats(groups: Sequence[TrajectoryGroup], parser: Any = None) -> dict[str, float]:
+    """Reward, accuracy, turns, tokens, termination counts and reward parts over all trajectories."""
+    trajs = [t for g in groups for t in g.trajectories]
+    n = max(len(trajs), 1)
+    out: dict[str, float] = {
+        "episodes": float(len(trajs)),
+        "reward_mean": sum(t.reward for t in trajs) / n,
+        "reward_std": _std([t.reward for t in trajs]),
+        "accuracy": sum(accuracy_of(t) for t in trajs) / n,
+        "turns_mean": sum(len(t.turns) for t in trajs) / n,
+        "action_tokens": float(sum(t.num_action_tokens for t in trajs)),
+        "tokens": float(sum(t.num_tokens for t in trajs)),
+        "zero_variance_groups": float(sum(1 for g in groups if g.trajectories and len(set(g.rewards)) == 1)),
+    }
+    rate = valid_tool_call_rate(trajs, parser)
+    if rate is not None:
+        out["valid_tool_call_rate"] = rate
+    for k, v in Counter(t.termination.value for t in trajs).items():
+        out[f"termination/{k}"] = float(v)
+    names = {k for t in trajs for k in t.reward_breakdown}
+    for k in sorted(names):
+        out[f"reward/{k}"] = sum(t.reward_breakdown.get(k, 0.0) for t in trajs) / n
+    return out
+
+
+def _std(xs: list[float]) -> float:
+    if len(xs) < 2:
+        return 0.0
+    m = sum(xs) / len(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+class MetricsLogger:
+    """Appends one JSON object per step to ``path``; mirrors scalars to TensorBoard when asked
+    (``tensorboard`` is imported lazily, only then)."""
+
+    def __init__(self, path: str | os.PathLike, *, tensorboard: bool = False) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as e:
+                raise ImportError(
+                    "run.tensorboard=true needs the tensorboard package: pip install 'flowgrpo[tensorboard]'"
+                ) from e
+            self._tb = SummaryWriter(str(self.path.parent / "tensorboard"))
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        rec = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        if self._tb is not None:
+            for k, v in metrics.items():
+                if isinstance(v, int | float) and math.isfinite(v):
+                    self._tb.add_scalar(k, v, step)
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+__all__ = ["MetricsLogger", "accuracy_of", "read_metrics", "rollout_stats", "valid_tool_call_rate"]
