@@ -1,0 +1,210 @@
+"""The ``openai`` backend: any OpenAI-compatible server over HTTP (httpx).
+
+Two modes, for two uses:
+
+- **Training rollouts** (:meth:`OpenAIBackend.generate`): ``POST /v1/completions`` with the prompt
+  as a list of token ids, ``logprobs=0`` and ``return_tokens_as_token_ids=true`` (the vLLM
+  dialect; ``flowgrpo serve`` speaks it too). The sampled ids are read from ``choice.token_ids``
+  when present, else from the ``"token_id:N"`` strings of ``logprobs.tokens``; their logprobs
+  from ``logprobs.token_logprobs``. A server that returns neither cannot be used for training
+  and the error says so. For logprobs of the *processed* distribution (after temperature), start
+  vLLM with ``--logprobs-mode processed_logprobs``.
+- **Evaluation and judging** (:meth:`OpenAIBackend.chat`): ``POST /v1/chat/completions`` in text
+  mode; never used for training data (text does not round-trip to ids).
+
+Every request has a timeout, is retried with exponential backoff on transport errors, 429 and 5xx,
+and runs under a concurrency limit (a semaphore), so a batch of prompts becomes concurrent
+requests that a server like vLLM batches continuously on its side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from flowgrpo.backends.base import GenerationResult, SamplingParams
+from flowgrpo.types import Message
+
+
+class OpenAIBackendError(RuntimeError):
+    """A request that failed for good (after retries, or a 4xx); the message has the server's reply."""
+
+
+class OpenAIBackend:
+    """A :class:`~flowgrpo.backends.base.RolloutBackend` for an OpenAI-compatible server.
+
+    Args:
+        base_url: the server root, e.g. ``http://127.0.0.1:8000/v1`` (``/v1`` is added if missing).
+        model: the model name the server knows.
+        api_key: sent as a bearer token when given.
+        timeout_s: per request.
+        max_retries: retries after the first attempt (transport errors, 429, 5xx).
+        max_concurrency: requests in flight at once.
+        max_batch_size: what the rollout scheduler may send in one ``generate`` call.
+    """
+
+    per_prompt_max_new_tokens = True
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 120.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        max_concurrency: int = 32,
+        max_batch_size: int = 256,
+    ) -> None:
+        base = base_url.rstrip("/")
+        self.base_url = base if base.endswith("/v1") else base + "/v1"
+        self.model = model
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.max_concurrency = max_concurrency
+        self.max_batch_size = max_batch_size
+        self._sem: asyncio.Semaphore | None = None
+        self._sem_loop: Any = None
+
+    def sync_weights(self, model: Any) -> None:
+        """No-op: a remote server owns its weights (update them through the server's own API)."""
+
+    # ------------------------------------------------------------------ plumbing
+    def _semaphore(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        if self._sem is None or self._sem_loop is not loop:  # semaphores are bound to one loop
+            self._sem, self._sem_loop = asyncio.Semaphore(self.max_concurrency), loop
+        return self._sem
+
+    async def _post(self, client: Any, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        last: str = ""
+        async with self._semaphore():
+            for attempt in range(self.max_retries + 1):
+                try:
+                    r = await client.post(
+                        self.base_url + path, json=body, headers=headers, timeout=self.timeout_s
+                    )
+                except httpx.TransportError as e:  # connect errors, timeouts, resets
+                    last = f"{type(e).__name__}: {e}"
+                else:
+                    if r.status_code == 200:
+                        return r.json()
+                    last = f"HTTP {r.status_code}: {r.text[:500]}"
+                    if r.status_code != 429 and r.status_code < 500:
+                        raise OpenAIBackendError(f"{path} failed: {last}")
+                if attempt < self.max_retries:
+                    await asyncio.sleep(self.backoff_s * 2**attempt * (0.5 + random.random()))
+        raise OpenAIBackendError(f"{path} failed after {self.max_retries + 1} attempts: {last}")
+
+    def _client(self) -> Any:
+        import httpx
+
+        return httpx.AsyncClient(limits=httpx.Limits(max_connections=self.max_concurrency))
+
+    # ------------------------------------------------------------------ training: token ids
+    async def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        max_new_tokens: Sequence[int] | None = None,
+    ) -> list[GenerationResult]:
+        """One ``/v1/completions`` request per prompt (token ids in, ids + logprobs out), concurrently."""
+        limits = (
+            list(max_new_tokens) if max_new_tokens is not None else [params.max_new_tokens] * len(prompts)
+        )
+        async with self._client() as client:
+            return list(
+                await asyncio.gather(
+                    *(
+                        self._complete(client, list(p), params, min(params.max_new_tokens, m), i)
+                        for i, (p, m) in enumerate(zip(prompts, limits, strict=True))
+                    )
+                )
+            )
+
+    async def _complete(
+        self, client: Any, prompt: list[int], params: SamplingParams, limit: int, index: int
+    ) -> GenerationResult:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": limit,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "logprobs": 0,
+            "return_tokens_as_token_ids": True,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+        }
+        if params.top_k:
+            body["top_k"] = params.top_k
+        if params.stop_token_ids:
+            body["stop_token_ids"] = list(params.stop_token_ids)
+        if params.seed is not None:
+            body["seed"] = params.seed + index  # distinct streams per prompt, reproducible
+        data = await self._post(client, "/completions", body)
+        return parse_completion_choice(data["choices"][0])
+
+    # ------------------------------------------------------------------ evaluation / judging: text
+    async def chat(
+        self,
+        messages: Sequence[Message | dict[str, Any]],
+        *,
+        temperature: float = 0.0,
+        max_tokens: int = 512,
+        **extra: Any,
+    ) -> str:
+        """The assistant's reply text (text mode: for evaluation and judges, never for training)."""
+        body = {
+            "model": self.model,
+            "messages": [m.to_chat_dict() if isinstance(m, Message) else m for m in messages],
+            "temperature": temperature,
+            "max_tokens": max_tokens,
+            **extra,
+        }
+        async with self._client() as client:
+            data = await self._post(client, "/chat/completions", body)
+        return data["choices"][0]["message"]["content"] or ""
+
+    async def models(self) -> list[str]:
+        """Model ids the server lists."""
+        import httpx
+
+        async with httpx.AsyncClient() as client:
+            r = await client.get(self.base_url + "/models", timeout=self.timeout_s)
+            r.raise_for_status()
+            return [m["id"] for m in r.json()["data"]]
+
+
+def parse_completion_choice(choice: dict[str, Any]) -> GenerationResult:
+    """Token ids, logprobs and finish reason from a ``/v1/completions`` choice (vLLM dialect)."""
+    lp = choice.get("logprobs") or {}
+    token_logprobs = lp.get("token_logprobs")
+    ids = choice.get("token_ids")
+    if ids is None and lp.get("tokens") is not None:
+        try:
+            ids = [int(str(t).removeprefix("token_id:")) for t in lp["tokens"]]
+        except ValueError:
+            ids = None
+    if ids is None or token_logprobs is None:
+        raise OpenAIBackendError(
+            "the server returned no token ids/logprobs: training needs a server that accepts token-id "
+            "prompts and returns ids (vLLM: `return_tokens_as_token_ids`, or `flowgrpo serve`)"
+        )
+    if len(ids) != len(token_logprobs):
+        raise OpenAIBackendError(f"server returned {len(ids)} token ids but {len(token_logprobs)} logprobs")
+    reason = "length" if choice.get("finish_reason") == "length" else "stop"
+    logprobs = [float(x) if x is not None else 0.0 for x in token_logprobs]
+    return GenerationResult(token_ids=[int(i) for i in ids], logprobs=logprobs, finish_reason=reason)
+
+
+__all__ = ["OpenAIBackend", "OpenAIBackendError", "parse_completion_choice"]

@@ -1,0 +1,261 @@
+"""``flowgrpo serve``: a small OpenAI-compatible HTTP server over the hf backend (stdlib only).
+
+Why: evaluation, LLM judges and remote rollouts talk to models through the OpenAI API; this lets
+any local model (the embedded SmolLM2, a checkpoint) answer such clients, and it is the real
+server the ``openai`` backend is tested against. It speaks the vLLM dialect for training use:
+
+- ``GET /v1/models``
+- ``POST /v1/completions``: ``prompt`` as text, a list of token ids, or a list of either;
+  ``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop_token_ids``;
+  with ``logprobs`` (any int >= 0) the choice carries ``logprobs.token_logprobs`` (under the
+  processed distribution, as vLLM's ``logprobs_mode="processed_logprobs"``) and ``logprobs.tokens``
+  (``"token_id:N"`` strings when ``return_tokens_as_token_ids`` is true); every choice also
+  carries ``token_ids`` (the sampled ids, stop token included).
+- ``POST /v1/chat/completions``: ``messages`` rendered with the model's chat template (text mode,
+  for evaluation and judging).
+
+Requests are served by a thread each and decoded one call at a time (the model is shared); a
+request with several prompts is decoded as one batch. This is a development and test server, not
+a production one: no authentication, no streaming.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from flowgrpo.backends.base import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class _BadRequest(ValueError):
+    pass
+
+
+def _params(body: dict[str, Any], default_stop: list[int]) -> SamplingParams:
+    try:
+        return SamplingParams(
+            temperature=float(body.get("temperature", 1.0)),
+            top_p=float(body.get("top_p", 1.0)),
+            top_k=max(0, int(body.get("top_k", 0) or 0)),
+            max_new_tokens=int(body.get("max_tokens") or 16),
+            stop_token_ids=list(body.get("stop_token_ids") or default_stop),
+            seed=body.get("seed"),
+        )
+    except (ValueError, TypeError) as e:
+        raise _BadRequest(f"bad sampling parameters: {e}") from e
+
+
+class FlowGRPOServer(ThreadingHTTPServer):
+    """The HTTP server; ``backend`` is an :class:`~flowgrpo.backends.hf.HFBackend`."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], backend: Any, tokenizer: Any, model_name: str) -> None:
+        super().__init__(address, _Handler)
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        eos = tokenizer.eos_token_id
+        self.default_stop = [int(eos)] if eos is not None else []
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
+
+    # ----------------------------------------------------------------- endpoint logic
+    def completions(self, body: dict[str, Any]) -> dict[str, Any]:
+        prompt = body.get("prompt")
+        if prompt is None:
+            raise _BadRequest("'prompt' is required (text, a list of token ids, or a list of either)")
+        if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], int)):
+            prompts = [prompt]
+        elif isinstance(prompt, list) and prompt:
+            prompts = prompt
+        else:
+            raise _BadRequest("'prompt' must be a non-empty string or list")
+        ids = []
+        for p in prompts:
+            if isinstance(p, str):
+                ids.append(self.tokenizer(p, add_special_tokens=False)["input_ids"])
+            elif isinstance(p, list) and all(isinstance(i, int) for i in p) and p:
+                ids.append(p)
+            else:
+                raise _BadRequest("each prompt must be a string or a non-empty list of token ids")
+        n = int(body.get("n", 1))
+        ids = [p for p in ids for _ in range(n)]
+        params = _params(body, self.default_stop)
+        results = self.backend.generate_sync(ids, params)
+        want_lp = body.get("logprobs") is not None
+        as_ids = bool(body.get("return_tokens_as_token_ids"))
+        choices = []
+        for i, r in enumerate(results):
+            choice: dict[str, Any] = {
+                "index": i,
+                "text": self.tokenizer.decode(r.token_ids, skip_special_tokens=True),
+                "finish_reason": r.finish_reason,
+                "token_ids": r.token_ids,
+                "logprobs": None,
+            }
+            if want_lp:
+                tokens = (
+                    [f"token_id:{t}" for t in r.token_ids]
+                    if as_ids
+                    else [self.tokenizer.decode([t]) for t in r.token_ids]
+                )
+                choice["logprobs"] = {"tokens": tokens, "token_logprobs": r.logprobs}
+            choices.append(choice)
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex[:16]}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": sum(len(p) for p in ids),
+                "completion_tokens": sum(len(r.token_ids) for r in results),
+            },
+        }
+
+    def chat_completions(self, body: dict[str, Any]) -> dict[str, Any]:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _BadRequest("'messages' must be a non-empty list of {role, content}")
+        try:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as e:
+            raise _BadRequest(f"cannot render messages with the chat template: {e}") from e
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        n = int(body.get("n", 1))
+        params = _params(body, self.default_stop)
+        results = self.backend.generate_sync([ids] * n, params)
+        choices = [
+            {
+                "index": i,
+                "message": {
+                    "role": "assistant",
+                    "content": self.tokenizer.decode(r.token_ids, skip_special_tokens=True),
+                },
+                "finish_reason": r.finish_reason,
+            }
+            for i, r in enumerate(results)
+        ]
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:16]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": len(ids) * n,
+                "completion_tokens": sum(len(r.token_ids) for r in results),
+            },
+        }
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: FlowGRPOServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # route to logging, not stderr
+        log.debug("%s - %s", self.address_string(), format % args)
+
+    def _send(self, code: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, code: int, message: str) -> None:
+        self._send(code, {"error": {"message": message, "type": "invalid_request_error", "code": code}})
+
+    def do_GET(self) -> None:
+        if self.path.rstrip("/") == "/v1/models":
+            self._send(
+                200,
+                {
+                    "object": "list",
+                    "data": [{"id": self.server.model_name, "object": "model", "owned_by": "flowgrpo"}],
+                },
+            )
+        elif self.path.rstrip("/") in ("/health", ""):
+            self._send(200, {"status": "ok"})
+        else:
+            self._error(404, f"unknown path {self.path}")
+
+    def do_POST(self) -> None:
+        try:
+            length = int(self.headers.get("Content-Length", "0"))
+            body = json.loads(self.rfile.read(length) or b"{}")
+            if not isinstance(body, dict):
+                raise _BadRequest("the request body must be a JSON object")
+        except (ValueError, _BadRequest) as e:
+            self._error(400, f"bad JSON body: {e}")
+            return
+        route = {
+            "/v1/completions": self.server.completions,
+            "/v1/chat/completions": self.server.chat_completions,
+        }
+        fn = route.get(self.path.rstrip("/"))
+        if fn is None:
+            self._error(404, f"unknown path {self.path}")
+            return
+        try:
+            self._send(200, fn(body))
+        except _BadRequest as e:
+            self._error(400, str(e))
+        except Exception as e:  # a server bug must not kill the thread silently
+            log.exception("request failed")
+            self._error(500, f"{type(e).__name__}: {e}")
+
+
+def make_server(
+    backend: Any, tokenizer: Any, *, model_name: str = "flowgrpo", host: str = "127.0.0.1", port: int = 0
+) -> FlowGRPOServer:
+    """A bound (not yet serving) server; ``port=0`` picks a free port (see ``server.url``)."""
+    return FlowGRPOServer((host, port), backend, tokenizer, model_name)
+
+
+def serve_in_thread(server: FlowGRPOServer) -> threading.Thread:
+    """Start ``server.serve_forever`` in a daemon thread (call ``server.shutdown()`` to stop)."""
+    t = threading.Thread(target=server.serve_forever, name="flowgrpo-serve", daemon=True)
+    t.start()
+    return t
+
+
+def main(
+    model: str, *, host: str, port: int, autocast: str | None, max_batch_size: int, model_name: str | None
+) -> int:
+    """Entry point of ``flowgrpo serve``: load ``model`` and serve until interrupted."""
+    from flowgrpo.backends.hf import HFBackend
+
+    if model == "tiny":
+        from flowgrpo.models import tiny_model
+
+        m, tok = tiny_model()
+    else:
+        from flowgrpo.models import load_model
+
+        m, tok = load_model(model)
+    backend = HFBackend(m, tok, max_batch_size=max_batch_size, autocast_dtype=autocast)
+    server = make_server(backend, tok, model_name=model_name or model, host=host, port=port)
+    print(f"flowgrpo serve: {model} at {server.url}/v1", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+__all__ = ["FlowGRPOServer", "main", "make_server", "serve_in_thread"]
