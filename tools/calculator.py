@@ -118,7 +118,7 @@ class _Evaluator:
             text = (ast.get_source_segment(self.source, node) or repr(node.value)).replace("_", "")
             if isinstance(node.value, int):
                 return self.check(sympy.Integer(node.value))
-            mant, _, exp = text.lower().partition("e")
+            _, _, exp = text.lower().partition("e")
             if exp and abs(int(exp)) > 1000:
                 raise ToolError(f"exponent of {text} is too large")
             return self.check(sympy.Rational(text))  # exact decimal: 0.1 is 1/10

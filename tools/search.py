@@ -60,14 +60,13 @@ def best_snippet(text: str, query: str, max_chars: int) -> str:
         return text
     q = {w.lower() for w in _WORD.findall(query)}
     sentences = _SENT.split(text)
-    best, best_score, offset, start = 0, -1, 0, 0
+    best_score, offset, start = -1, 0, 0
     for s in sentences:
         idx = text.find(s, offset)
         score = len(q & {w.lower() for w in _WORD.findall(s)})
         if score > best_score:
             best_score, start = score, idx
         offset = idx + len(s)
-        best += 1
     piece = text[start:]
     prefix = "..." if start > 0 else ""
     budget = max(max_chars - len(prefix) - 3, 1)
@@ -158,7 +157,7 @@ class BM25Backend:
         k = min(k, len(self.docs))
         idx, scores = self._index.retrieve(q, k=k, show_progress=False)
         hits = []
-        for i, s in zip(idx[0].tolist(), scores[0].tolist()):
+        for i, s in zip(idx[0].tolist(), scores[0].tolist(), strict=True):
             if s <= 0:
                 continue
             d = self.docs[i]
