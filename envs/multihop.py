@@ -323,4 +323,4 @@ def make_search_tool(docs: list[dict[str, str]], *, k: int = 3) -> Any:
     """The built-in SearchTool over ``docs`` with a BM25 backend."""
     from flowgrpo.tools.search import BM25Backend, SearchTool
 
-    return SearchTool(BM25Backend(docs), k=k)
+    return SearchTool(BM25Backend(docs), k=k, max_chars=400 * k)

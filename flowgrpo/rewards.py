@@ -289,18 +289,12 @@ def build_test_program(code: str, tests: str) -> str:
 
 
 async def run_code_tests(code: str, tests: str, *, timeout_s: float = 10.0) -> bool:
-    """Whether ``code`` passes ``tests`` in the code sandbox (``flowgrpo.tools.code.run_python``)."""
-    from flowgrpo.tools.code import run_python
+    """Whether ``code`` passes ``tests`` in the code sandbox (``flowgrpo.tools.code.arun_python``)."""
+    from flowgrpo.tools.code import SandboxLimits, arun_python
 
     program = build_test_program(extract_code(code), tests)
-    kwargs: dict[str, Any] = {}
-    if "timeout_s" in inspect.signature(run_python).parameters:
-        kwargs["timeout_s"] = timeout_s
-    if inspect.iscoroutinefunction(run_python):
-        res = await run_python(program, **kwargs)
-    else:
-        res = await asyncio.to_thread(run_python, program, **kwargs)
-    return getattr(res, "exit_code", 1) == 0 and TESTS_PASSED_SENTINEL in getattr(res, "stdout", "")
+    res = await arun_python(program, SandboxLimits(wall_s=timeout_s))
+    return res.exit_code == 0 and TESTS_PASSED_SENTINEL in res.stdout
 
 
 # =============================================================================================
