@@ -1,0 +1,561 @@
+"""The Flow-GRPO training loop, readable top to bottom.
+
+One RL step (:meth:`Trainer.train_step`)::
+
+    tasks    = the next ``tasks_per_step`` tasks of a seeded, reshuffled-per-epoch stream
+    groups   = ``group_size`` multi-turn episodes per task           (flowgrpo.rollout, shares our model)
+    rewards  = CompositeReward fills traj.reward + breakdown          (flowgrpo.rewards)
+    advs     = compute_advantages(groups, estimator)                 (flowgrpo.advantages)
+    drop groups whose rewards are all equal (no signal; DAPO's dynamic sampling, without resampling)
+    rows     = one packed row per episode (prefix merging)           (flowgrpo.batching)
+    for epoch, mini-batch:                                           (PPO-style reuse of the batch)
+        for micro-batch (token budget):
+            logprobs of action tokens (chunked LM head, bf16 autocast)   (flowgrpo.logprobs)
+            loss = clipped surrogate + KL to the frozen reference        (flowgrpo.loss)
+            backward (gradients accumulate; aggregation weights make the sum exact)
+        clip grad norm, optimizer step (a NaN/inf loss or gradient skips it, counted)
+    LR schedule step, metrics (JSONL, TensorBoard), trajectories (JSONL), checkpoint
+
+The algorithms live in their modules as pure functions; this file only wires them. The chosen
+estimator is a function from the registry, the aggregation a name the loss owns.
+
+What it leaves out, and why: no value model (group baselines replace it, as in GRPO); no
+resampling of zero-variance groups (it makes the step's cost unpredictable on CPU); the sampler's
+logprobs are the "old" policy (the rollout backend shares this model, so they agree up to numerics;
+``algorithm.tis`` recomputes them and corrects the gap with truncated importance sampling); no
+distributed training here (torchrun/DDP wraps the same step).
+
+Reproducibility: every step reseeds python/numpy/torch from ``(seed, step)`` before sampling, and a
+checkpoint holds model, optimizer, scheduler, RNG states, the step and the task-stream position, so
+a run resumed from step k ends with the same parameters as one run straight through.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import random
+import signal
+import time
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flowgrpo.advantages import compute_advantages, is_zero_variance
+from flowgrpo.batching import MicroBatch, Row, build_rows, micro_batches
+from flowgrpo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, seed_everything
+from flowgrpo.config import TrainConfig, dump_config
+from flowgrpo.env import Environment
+from flowgrpo.logprobs import action_logprobs
+from flowgrpo.loss import policy_loss, sft_loss, truncated_is_weights
+from flowgrpo.metrics import MetricsLogger, rollout_stats
+from flowgrpo.types import Task, Trajectory, TrajectoryGroup
+
+log = logging.getLogger(__name__)
+
+
+class TaskStream:
+    """An endless stream over ``tasks``: shuffled with ``(seed, epoch)`` each pass; its state is
+    ``(epoch, position)`` so a resumed run draws the same tasks."""
+
+    def __init__(self, tasks: Sequence[Task], seed: int) -> None:
+        if not tasks:
+            raise ValueError("the environment returned no training tasks (env.tasks('train') is empty)")
+        self.tasks = list(tasks)
+        self.seed = seed
+        self.epoch = 0
+        self.pos = 0
+        self._order = self._shuffle()
+
+    def _shuffle(self) -> list[int]:
+        order = list(range(len(self.tasks)))
+        random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
+        return order
+
+    def next(self, n: int) -> list[Task]:
+        out = []
+        for _ in range(n):
+            if self.pos >= len(self._order):
+                self.epoch += 1
+                self.pos = 0
+                self._order = self._shuffle()
+            out.append(self.tasks[self._order[self.pos]])
+            self.pos += 1
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state_dict(self, s: dict[str, int]) -> None:
+        self.epoch, self.pos = int(s["epoch"]), int(s["pos"])
+        self._order = self._shuffle()
+
+
+def lr_lambda(schedule: str, total: int, warmup: int, min_ratio: float) -> Callable[[int], float]:
+    """Multiplier of the base LR at scheduler step ``s``: linear warmup, then constant / linear /
+    cosine decay to ``min_ratio``."""
+
+    def f(s: int) -> float:
+        if warmup and s < warmup:
+            return (s + 1) / warmup
+        if schedule == "constant":
+            return 1.0
+        frac = min(1.0, (s - warmup) / max(1, total - warmup))
+        if schedule == "linear":
+            return min_ratio + (1 - min_ratio) * (1 - frac)
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * frac))
+
+    return f
+
+
+def frozen_reference(model: torch.nn.Module) -> torch.nn.Module:
+    """A frozen copy of ``model``: eval mode, no gradients (the KL anchor)."""
+    ref = copy.deepcopy(model)
+    ref.eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+class Trainer:
+    """Wires rollout, rewards, advantages, batching and the loss into a resumable RL loop.
+
+    Args:
+        config: the run's :class:`~flowgrpo.config.TrainConfig`.
+        model, tokenizer: a ready policy (default: ``flowgrpo.models.load_model(config.model.name)``,
+            or ``tiny_model()`` for ``name: tiny``).
+        env_factory: makes one environment per episode (default: ``flowgrpo.env.make(env.name, **kwargs)``).
+        reward: an object with ``score_groups(groups)`` (default: ``CompositeReward(config.rewards)``).
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        model: Any = None,
+        tokenizer: Any = None,
+        env_factory: Callable[[], Environment] | None = None,
+        reward: Any = None,
+    ) -> None:
+        from flowgrpo.backends.hf import HFBackend
+        from flowgrpo.rollout import RolloutEngine
+
+        self.cfg = cfg = config
+        seed_everything(cfg.train.seed)
+        if model is None:
+            model, tokenizer = self._load_model()
+        elif tokenizer is None:
+            raise ValueError("pass the tokenizer together with the model")
+        self.model, self.tokenizer = model, tokenizer
+        self.model.train()
+        if env_factory is None:
+            from flowgrpo.env import make
+
+            def env_factory() -> Environment:
+                return make(cfg.env.name, **cfg.env.kwargs)
+
+        self.env_factory = env_factory
+        if reward is None:
+            from flowgrpo.rewards import CompositeReward
+
+            reward = CompositeReward(cfg.rewards)
+        self.reward = reward
+        # The KL anchor: skipped entirely (no copy, no forward) when kl_coef is 0.
+        self.ref_model = frozen_reference(model) if cfg.algorithm.kl_coef > 0 else None
+        self.backend = HFBackend(model, tokenizer, autocast_dtype=cfg.model.autocast)
+        self.engine = RolloutEngine(self.backend, tokenizer, cfg.rollout)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=cfg.train.lr,
+            betas=cfg.train.betas,
+            weight_decay=cfg.train.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lr_lambda(cfg.train.lr_schedule, cfg.train.steps, cfg.train.warmup_steps, cfg.train.min_lr_ratio),
+        )
+        self._probe_env = env_factory()
+        self.stream = TaskStream(self._probe_env.tasks("train"), cfg.train.seed)
+        self.step = 0
+        self.counters = {"nan_skipped_steps": 0, "sft_done": 0}
+        self.out = Path(cfg.run.output_dir)
+        self.ckpt_root = self.out / "checkpoints"
+        self.metrics = MetricsLogger(self.out / "metrics.jsonl", tensorboard=cfg.run.tensorboard)
+        self._stop_signal: int | None = None
+        self.out.mkdir(parents=True, exist_ok=True)
+        dump_config(cfg, self.out / "config.yaml")
+        if cfg.run.resume:
+            self.resume(None if cfg.run.resume is True else cfg.run.resume)
+
+    def _load_model(self) -> tuple[Any, Any]:
+        from flowgrpo import models
+
+        if self.cfg.model.name == "tiny":
+            return models.tiny_model(seed=self.cfg.train.seed)
+        return models.load_model(
+            self.cfg.model.name, dtype=self.cfg.model.dtype, device=self.cfg.model.device
+        )
+
+    # ------------------------------------------------------------------ the loop
+    def train(self, until_step: int | None = None) -> dict[str, Any]:
+        """Run RL steps until ``config.train.steps`` (or ``until_step``), checkpointing every
+        ``run.save_every`` steps and at the end. SIGINT/SIGTERM finish the current step, write a
+        checkpoint and return (``status: "interrupted"``)."""
+        from tqdm.auto import tqdm
+
+        cfg = self.cfg
+        target = min(until_step or cfg.train.steps, cfg.train.steps)
+        if cfg.sft.enabled and self.step == 0 and not self.counters["sft_done"]:
+            self.warm_start()
+        last: dict[str, Any] = {}
+        status = "finished"
+        bar = tqdm(
+            total=target, initial=self.step, disable=not cfg.run.progress, desc="flowgrpo", unit="step"
+        )
+        with self._signals():
+            while self.step < target:
+                last = self.train_step()
+                bar.update(1)
+                bar.set_postfix(
+                    reward=f"{last['reward_mean']:.3f}",
+                    acc=f"{last['accuracy']:.2f}",
+                    tok_s=f"{last['tokens_per_s']:.0f}",
+                )
+                if cfg.run.eval_every and self.step % cfg.run.eval_every == 0:
+                    ev = self.evaluate(n=cfg.run.eval_n)
+                    self.metrics.log(self.step, {f"eval/{k}": v for k, v in ev.items()})
+                if self._stop_signal is not None:
+                    log.warning(
+                        "signal %d: checkpointing at step %d and stopping", self._stop_signal, self.step
+                    )
+                    status = "interrupted"
+                    break
+                if cfg.run.save_every and self.step % cfg.run.save_every == 0:
+                    self.save()
+        bar.close()
+        if not (cfg.run.save_every and self.step % cfg.run.save_every == 0) or status == "interrupted":
+            self.save()
+        return {"status": status, "step": self.step, **last}
+
+    def train_step(self) -> dict[str, Any]:
+        """One RL step: rollout -> rewards -> advantages -> updates -> logs. Returns its metrics."""
+        cfg, t0 = self.cfg, time.monotonic()
+        self._reseed(self.step)
+        tasks = self.stream.next(cfg.train.tasks_per_step)
+        groups = self.engine.run_groups(
+            self.env_factory, tasks, cfg.train.group_size, policy_version=self.step
+        )
+        t_rollout = time.monotonic() - t0
+        self.reward.score_groups(groups)
+        compute_advantages(groups, cfg.algorithm.estimator, **cfg.algorithm.estimator_kwargs)
+        train_groups = [
+            g for g in groups if not (cfg.train.drop_zero_variance_groups and is_zero_variance(g))
+        ]
+        trajs = [t for g in train_groups for t in g.trajectories if t.turns]
+        t1 = time.monotonic()
+        upd = self.update(trajs)
+        t_update = time.monotonic() - t1
+        self.scheduler.step()
+        self.step += 1
+        if cfg.run.save_trajectories:
+            self._save_trajectories(groups)
+        stats = rollout_stats(groups, getattr(self._probe_env, "parser", None))
+        m = {
+            **stats,
+            **upd,
+            "groups_trained": float(len(train_groups)),
+            "lr": self.scheduler.get_last_lr()[0],
+            "time/rollout_s": t_rollout,
+            "time/update_s": t_update,
+            "time/step_s": time.monotonic() - t0,
+            "tokens_per_s": (stats["action_tokens"] / t_rollout) if t_rollout > 0 else 0.0,
+            "update_tokens_per_s": upd.get("train_tokens", 0.0) / t_update if t_update > 0 else 0.0,
+            **{k: float(v) for k, v in self.counters.items()},
+        }
+        self.metrics.log(self.step, m)
+        return m
+
+    def update(self, trajs: Sequence[Trajectory]) -> dict[str, float]:
+        """Policy updates on one rollout batch: ``epochs_per_batch`` passes, each split into
+        ``minibatches_per_batch`` optimizer steps over whole trajectories."""
+        cfg = self.cfg
+        if not trajs:
+            return {"optimizer_steps": 0.0}
+        rows = build_rows(trajs, pack=cfg.train.pack_rows)
+        ref = self._precompute(self.ref_model, rows) if self.ref_model is not None else None
+        old = self._precompute(self.model, rows) if cfg.algorithm.tis != "off" else None
+        by_seq: dict[int, list[Row]] = {}
+        for r in rows:
+            by_seq.setdefault(r.seq_index, []).append(r)
+        seqs = list(by_seq)
+        agg: dict[str, float] = {}
+        steps = 0
+        gen = torch.Generator().manual_seed(cfg.train.seed * 7919 + self.step)
+        for _ in range(cfg.train.epochs_per_batch):
+            perm = [seqs[i] for i in torch.randperm(len(seqs), generator=gen).tolist()]
+            n_mb = min(cfg.train.minibatches_per_batch, len(perm))
+            for k in range(n_mb):
+                part = perm[k * len(perm) // n_mb : (k + 1) * len(perm) // n_mb]
+                mb_rows = [r for s in part for r in by_seq[s]]
+                m = self._optimizer_step(mb_rows, ref, old)
+                steps += 1
+                for key, v in m.items():
+                    agg[key] = agg.get(key, 0.0) + v
+        out = {k: v / steps for k, v in agg.items()}
+        out["train_tokens"] = agg.get("train_tokens", 0.0)
+        out["optimizer_steps"] = float(steps)
+        return out
+
+    def _optimizer_step(
+        self, rows: list[Row], ref: dict[int, torch.Tensor] | None, old: dict[int, torch.Tensor] | None
+    ) -> dict[str, float]:
+        cfg, a = self.cfg, self.cfg.algorithm
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        tokens = 0.0
+        finite = True
+        for mb in micro_batches(
+            rows, cfg.train.micro_batch_tokens, agg=a.agg, norm_len=a.norm_len, pad_id=self._pad_id
+        ):
+            lp, ent = self._logprobs(self.model, mb, with_entropy=True)
+            old_lp, is_w = mb.old_logprobs, None
+            if old is not None:  # trainer's recomputed old policy; correct the sampler gap with TIS
+                old_lp = self._gather(old, mb)
+                is_w = truncated_is_weights(
+                    old_lp, mb.old_logprobs, mb.loss_mask, cap=a.tis_cap, mode=a.tis, seq_index=mb.seq_index
+                )
+            loss, m = policy_loss(
+                lp,
+                old_lp,
+                mb.advantages,
+                mb.loss_mask,
+                clip_low=a.clip_low,
+                clip_high=a.clip_high,
+                dual_clip=a.dual_clip,
+                ref_logprobs=self._gather(ref, mb) if ref is not None else None,
+                kl_coef=a.kl_coef,
+                kl_estimator=a.kl_estimator,
+                token_weights=mb.token_weights,
+                is_weights=is_w,
+            )
+            if not torch.isfinite(loss):
+                finite = False
+                break
+            loss.backward()
+            n = m["tokens"]
+            tokens += n
+            sums["loss"] = sums.get("loss", 0.0) + loss.item()
+            for k, v in m.items():
+                if k != "tokens":
+                    sums[k] = sums.get(k, 0.0) + v * n
+            sums["entropy"] = sums.get("entropy", 0.0) + float((ent * mb.loss_mask).sum())
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = float("nan")
+        if finite:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.train.grad_clip or float("inf")))
+            finite = math.isfinite(grad_norm)
+        if not finite:
+            self.counters["nan_skipped_steps"] += 1
+            log.warning("step %d: non-finite loss or gradient; skipping this optimizer step", self.step)
+            self.optimizer.zero_grad(set_to_none=True)
+            return {"skipped": 1.0}
+        self.optimizer.step()
+        out = {k: (v / tokens if tokens and k != "loss" else v) for k, v in sums.items()}
+        out.update(grad_norm=grad_norm, train_tokens=tokens, skipped=0.0)
+        return out
+
+    # ------------------------------------------------------------------ helpers of the update
+    @property
+    def _pad_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return int(pad if pad is not None else 0)
+
+    @property
+    def _temperature(self) -> float:
+        t = self.cfg.rollout.sampling.temperature
+        return t if t > 0 else 1.0
+
+    def _logprobs(self, model: Any, mb: MicroBatch, *, with_entropy: bool = False):
+        return action_logprobs(
+            model,
+            mb.input_ids,
+            mb.attention_mask,
+            mb.loss_mask,
+            temperature=self._temperature,
+            autocast_dtype=self.cfg.model.autocast,
+            chunk_size=self.cfg.train.logprob_chunk,
+            with_entropy=with_entropy,
+        )
+
+    @torch.no_grad()
+    def _precompute(self, model: Any, rows: list[Row]) -> dict[int, torch.Tensor]:
+        """Per-row logprobs under ``model`` (no graph), keyed by ``id(row)``."""
+        out: dict[int, torch.Tensor] = {}
+        for mb in micro_batches(rows, self.cfg.train.micro_batch_tokens, pad_id=self._pad_id):
+            lp, _ = self._logprobs(model, mb)
+            for i, r in enumerate(mb.rows):
+                out[id(r)] = lp[i, : len(r)].clone()
+        return out
+
+    @staticmethod
+    def _gather(cache: dict[int, torch.Tensor], mb: MicroBatch) -> torch.Tensor:
+        t = torch.zeros_like(mb.old_logprobs)  # (B, T)
+        for i, r in enumerate(mb.rows):
+            t[i, : len(r)] = cache[id(r)]
+        return t
+
+    def _reseed(self, step: int) -> None:
+        seed_everything(self.cfg.train.seed * 1_000_003 + step)
+
+    def _save_trajectories(self, groups: list[TrajectoryGroup]) -> None:
+        from flowgrpo.store import TrajectoryWriter
+
+        with TrajectoryWriter(self.out / "trajectories" / f"step_{self.step:06d}.jsonl") as w:
+            w.write_groups(groups)
+
+    # ------------------------------------------------------------------ checkpoints and signals
+    def save(self) -> Path:
+        extra = {"stream": self.stream.state_dict(), "counters": dict(self.counters)}
+        if self.ref_model is not None and self.counters["sft_done"]:
+            extra["ref_model"] = self.ref_model.state_dict()  # the warm-started anchor, not the source
+        return save_checkpoint(
+            self.ckpt_root,
+            self.step,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            extra=extra,
+            keep_last=self.cfg.run.keep_last,
+        )
+
+    def resume(self, path: str | Path | None = None) -> bool:
+        """Load ``path`` (default: the latest checkpoint of this run); False when there is none."""
+        p = Path(path) if path is not None else latest_checkpoint(self.ckpt_root)
+        if p is None:
+            log.info("no checkpoint under %s: starting from step 0", self.ckpt_root)
+            return False
+        state = load_checkpoint(p, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+        self.step = int(state["step"])
+        self.stream.load_state_dict(state["extra"]["stream"])
+        self.counters.update(state["extra"].get("counters", {}))
+        if self.ref_model is not None and "ref_model" in state["extra"]:
+            self.ref_model.load_state_dict(state["extra"]["ref_model"])
+        log.info("resumed from %s at step %d", p, self.step)
+        return True
+
+    @contextmanager
+    def _signals(self):
+        """SIGINT/SIGTERM set a flag; the loop checkpoints after the current step and returns.
+        A second signal interrupts at once."""
+
+        def handler(signum, frame):
+            if self._stop_signal is not None:
+                raise KeyboardInterrupt
+            self._stop_signal = signum
+
+        old = {}
+        try:
+            for s in (signal.SIGINT, signal.SIGTERM):
+                old[s] = signal.signal(s, handler)
+        except ValueError:  # not the main thread: no handlers
+            pass
+        try:
+            yield
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    # ------------------------------------------------------------------ evaluation and warm start
+    def evaluate(self, split: str = "test", n: int | None = None, greedy: bool = True) -> dict[str, float]:
+        """Accuracy, reward, mean turns, valid tool-call rate and termination counts on ``n`` tasks
+        of ``split`` (one episode each; greedy unless ``greedy=False``). Usable before/after training."""
+        from flowgrpo.rollout import RolloutEngine
+
+        tasks = self._probe_env.tasks(split)  # type: ignore[arg-type]
+        tasks = tasks[:n] if n else tasks
+        cfg = self.cfg.rollout
+        if greedy:
+            cfg = cfg.model_copy(update={"sampling": cfg.sampling.model_copy(update={"temperature": 0.0})})
+        groups = RolloutEngine(self.backend, self.tokenizer, cfg).run_groups(self.env_factory, tasks, 1)
+        self.reward.score_groups(groups)
+        return rollout_stats(groups, getattr(self._probe_env, "parser", None))
+
+    def demonstrations(self, n_tasks: int, policy: Any = None) -> list[Trajectory]:
+        """Oracle (or ``policy``) episodes on ``n_tasks`` train tasks via the rollout engine's
+        text-policy path: normal trajectories with exact token ids, scored by our rewards."""
+        from flowgrpo.rollout import run_text_policy
+
+        tasks = self._probe_env.tasks("train")[:n_tasks]
+        groups = run_text_policy(self.env_factory, tasks, policy, self.tokenizer, self.cfg.rollout)
+        self.reward.score_groups(groups)
+        return [t for g in groups for t in g.trajectories]
+
+    def warm_start(self) -> list[dict[str, float]]:
+        """``sft`` section: demonstrations -> supervised epochs -> the reference becomes this model."""
+        s = self.cfg.sft
+        demos = self.demonstrations(s.tasks)
+        if s.only_successful:
+            demos = [t for t in demos if t.reward > 0]
+        if not demos:
+            raise RuntimeError(
+                "sft: no successful demonstrations (check the environment's oracle and rewards)"
+            )
+        hist = self.sft(demos, epochs=s.epochs, lr=s.lr, batch_trajectories=s.batch_trajectories)
+        if self.ref_model is not None:
+            self.ref_model.load_state_dict(self.model.state_dict())
+        self.counters["sft_done"] = 1
+        for i, h in enumerate(hist):
+            self.metrics.log(0, {f"sft/{k}": v for k, v in h.items()} | {"sft/epoch": i})
+        return hist
+
+    def sft(
+        self,
+        trajectories: Sequence[Trajectory],
+        epochs: int = 1,
+        lr: float = 1e-4,
+        *,
+        batch_trajectories: int = 8,
+    ) -> list[dict[str, float]]:
+        """Supervised warm start: cross-entropy on the action tokens of ``trajectories`` (packed rows,
+        the same micro-batching), with its own AdamW so the RL optimizer state is untouched.
+        Returns one ``{"loss", "tokens"}`` per epoch."""
+        rows = build_rows(trajectories, pack=self.cfg.train.pack_rows, require_advantages=False)
+        if not rows:
+            raise ValueError("sft: the trajectories have no action tokens")
+        opt = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=lr)
+        by_seq: dict[int, list[Row]] = {}
+        for r in rows:
+            by_seq.setdefault(r.seq_index, []).append(r)
+        gen = torch.Generator().manual_seed(self.cfg.train.seed)
+        hist = []
+        self.model.train()
+        for _ in range(epochs):
+            seqs = [list(by_seq)[i] for i in torch.randperm(len(by_seq), generator=gen).tolist()]
+            tot, ntok = 0.0, 0.0
+            for k in range(0, len(seqs), batch_trajectories):
+                batch = [r for s in seqs[k : k + batch_trajectories] for r in by_seq[s]]
+                opt.zero_grad(set_to_none=True)
+                for mb in micro_batches(batch, self.cfg.train.micro_batch_tokens, pad_id=self._pad_id):
+                    lp, _ = self._logprobs(self.model, mb)
+                    loss = sft_loss(lp, mb.loss_mask, mb.token_weights)
+                    loss.backward()
+                    tot += loss.item() * float(sum(r.num_action_tokens for r in batch))
+                if self.cfg.train.grad_clip:
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
+                opt.step()
+                ntok += sum(r.num_action_tokens for r in batch)
+            hist.append({"loss": tot / max(ntok, 1.0), "tokens": ntok})
+            log.info("sft epoch: loss %.4f over %d tokens", hist[-1]["loss"], ntok)
+        return hist
+
+
+def train(config: TrainConfig) -> dict[str, Any]:
+    """Build a :class:`Trainer` from ``config`` and run it (the ``flowgrpo train`` command)."""
+    return Trainer(config).train()
+
+
+__all__ = ["TaskStream", "Trainer", "frozen_reference", "lr_lambda", "train"]

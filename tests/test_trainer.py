@@ -1,0 +1,214 @@
+"""End to end: a tiny model learns a trivially learnable toy environment; kill-and-resume is exact."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+
+import pytest
+import torch
+
+from flowgrpo.config import TrainConfig, load_config
+from flowgrpo.env import StepResult
+from flowgrpo.metrics import read_metrics
+from flowgrpo.models import tiny_model, tiny_tokenizer
+from flowgrpo.rewards import CompositeReward, RewardSpec
+from flowgrpo.store import read_trajectories
+from flowgrpo.trainer import Trainer
+from flowgrpo.types import Message, ParsedAction, Task
+
+
+class PlainParser:
+    """Every text is a final answer; no tools."""
+
+    def parse(self, text: str) -> ParsedAction:
+        return ParsedAction(message=Message(role="assistant", content=text), answer=text)
+
+    def format_instructions(self, tools) -> str:
+        return ""
+
+
+class FirstTokenEnv:
+    """Single turn: say anything. The reward (below) pays when the first sampled token is one of
+    a fixed quarter of the vocabulary, so it is learnable from the first token's logits alone."""
+
+    name = "first_token"
+    tools: list = []
+    parser = PlainParser()
+    system_prompt = "Say something."
+
+    async def reset(self, task: Task) -> list[Message]:
+        return [Message(role="system", content=self.system_prompt), Message(role="user", content=task.prompt)]
+
+    async def step(self, action: ParsedAction) -> StepResult:
+        return StepResult(terminated=True)
+
+    def tasks(self, split: str) -> list[Task]:
+        n = 8 if split == "train" else 4
+        return [Task(id=f"{split}-{i}", prompt=f"task {i}") for i in range(n)]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny matmuls under OpenMP on a shared, loaded 2-core machine spin for ~10x longer than they
+    compute; one thread keeps these tests at ~0.3 s per RL step."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def first_token_reward(vocab: int):
+    def reward(traj, task) -> float:
+        ids = traj.turns[0].action_ids if traj.turns else []
+        return 1.0 if ids and ids[0] % 4 == 0 else 0.0
+
+    return reward
+
+
+def make_trainer(tmp_path, *overrides: str, name: str = "run", model_seed: int = 0) -> Trainer:
+    tok = tiny_tokenizer()
+    model, tok = tiny_model(tok, seed=model_seed)
+    cfg = load_config(
+        None,
+        [
+            f"run.output_dir={tmp_path / name}",
+            "run.progress=false",
+            "model.autocast=null",
+            "rollout.max_turns=1",
+            "rollout.max_new_tokens=2",
+            "rewards=[{name: first_token}]",
+            "train.tasks_per_step=4",
+            "train.group_size=6",
+            "train.lr=3e-2",
+            "train.micro_batch_tokens=256",
+            "algorithm.kl_coef=0.01",
+            *overrides,
+        ],
+    )
+    reward = CompositeReward(
+        [RewardSpec(name="first_token")], fns={"first_token": first_token_reward(len(tok))}
+    )
+    return Trainer(cfg, model=model, tokenizer=tok, env_factory=FirstTokenEnv, reward=reward)
+
+
+def params(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_reward_rises_on_the_toy_environment(tmp_path):
+    tr = make_trainer(tmp_path, "train.steps=12", "run.save_every=0")
+    out = tr.train()
+    assert out["status"] == "finished" and tr.step == 12
+    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "reward_mean" in r]
+    first = sum(r["reward_mean"] for r in rows[:3]) / 3
+    last = sum(r["reward_mean"] for r in rows[-3:]) / 3
+    assert last > first + 0.25, (first, last)
+    assert all("kl" in r and "clip_frac" in r and "entropy" in r for r in rows if r.get("optimizer_steps"))
+    # trajectories saved per step, with advantages
+    trajs = read_trajectories(tmp_path / "run" / "trajectories" / "step_000001.jsonl")
+    assert len(trajs) == 24 and all(t.turns[0].advantage is not None for t in trajs)
+    ev = tr.evaluate(n=4)
+    assert ev["episodes"] == 4 and 0.0 <= ev["accuracy"] <= 1.0 and ev["turns_mean"] == 1.0
+
+
+def test_kill_and_resume_gives_identical_parameters(tmp_path):
+    common = (
+        "train.steps=3",
+        "run.save_every=1",
+        "train.epochs_per_batch=2",
+        "train.minibatches_per_batch=2",
+        "train.lr_schedule=cosine",
+        "train.warmup_steps=1",
+    )
+    straight = make_trainer(tmp_path, *common, name="straight")
+    straight.train()
+    first = make_trainer(tmp_path, *common, name="split")
+    first.train(until_step=1)
+    assert first.step == 1
+    del first
+    resumed = make_trainer(tmp_path, *common, "run.resume=true", name="split")
+    assert resumed.step == 1
+    resumed.train()
+    a, b = params(straight.model), params(resumed.model)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert (
+        straight.optimizer.state_dict()["state"][0]["step"]
+        == resumed.optimizer.state_dict()["state"][0]["step"]
+    )
+
+
+def test_sigterm_checkpoints_then_resume_is_exact(tmp_path):
+    common = ("train.steps=2", "run.save_every=0")
+    straight = make_trainer(tmp_path, *common, name="straight")
+    straight.train()
+    victim = make_trainer(tmp_path, *common, name="killed")
+    orig = victim.train_step
+
+    def step_then_signal():
+        m = orig()
+        os.kill(os.getpid(), signal.SIGTERM)  # a real signal, delivered to our handler
+        return m
+
+    victim.train_step = step_then_signal
+    out = victim.train()
+    assert out["status"] == "interrupted" and victim.step == 1
+    assert (tmp_path / "killed" / "checkpoints" / "step_000001" / "state.pt").is_file()
+    resumed = make_trainer(tmp_path, *common, "run.resume=true", name="killed")
+    resumed.train()
+    for k, v in params(straight.model).items():
+        assert torch.equal(v, resumed.model.state_dict()[k]), k
+
+
+def test_nan_loss_skips_the_step_and_is_counted(tmp_path, caplog):
+    from flowgrpo.advantages import compute_advantages
+
+    tr = make_trainer(tmp_path, "train.steps=1", "run.save_every=0")
+    groups = tr.engine.run_groups(tr.env_factory, tr.stream.next(2), 4)
+    tr.reward.score_groups(groups)
+    compute_advantages(groups, "grpo_dr")
+    for g in groups:  # make sure there is a learning signal
+        g.trajectories[0].turns[0].advantage = 1.0
+    with torch.no_grad():
+        tr.model.model.norm.weight[0] = float("nan")  # poisons every forward pass of the update
+    before = params(tr.model)
+    m = tr.update([t for g in groups for t in g.trajectories])
+    assert m["skipped"] == 1.0 and tr.counters["nan_skipped_steps"] == 1
+    assert "non-finite" in caplog.text
+    for k, v in params(tr.model).items():
+        assert torch.equal(v.nan_to_num(7.0), before[k].nan_to_num(7.0)), k
+    assert not tr.optimizer.state  # the optimizer never stepped
+
+
+def test_reference_model_is_frozen_and_skipped_without_kl(tmp_path):
+    tr = make_trainer(tmp_path, "algorithm.kl_coef=0.0", name="nokl")
+    assert tr.ref_model is None
+    tr = make_trainer(tmp_path, name="kl")
+    assert not tr.ref_model.training
+    assert all(not p.requires_grad for p in tr.ref_model.parameters())
+    assert tr.ref_model is not tr.model
+
+
+def test_sft_on_demonstrations_lowers_the_loss(tmp_path):
+    tr = make_trainer(tmp_path, "train.steps=1")
+
+    # demonstrations: a text policy that always says the same thing, through the rollout engine
+    class Say:
+        async def act(self, messages):
+            return "The answer is 19."
+
+    demos = tr.demonstrations(4, policy=Say())
+    assert len(demos) == 4 and all(
+        t.turns and all(lp == 0.0 for lp in t.turns[0].action_logprobs) for t in demos
+    )
+    hist = tr.sft(demos, epochs=4, lr=1e-2)
+    assert hist[-1]["loss"] < hist[0]["loss"] * 0.7
+    assert math.isfinite(hist[-1]["loss"])
+
+
+def test_config_defaults_validate():
+    cfg = TrainConfig()
+    assert cfg.algorithm.estimator == "flow_grpo" and cfg.rewards[0].name == "accuracy"
