@@ -285,7 +285,9 @@ def select_trajectories(
         trajs = [t for t in trajs if t.task_id == task]
         if not trajs:
             ids = sorted({t.task_id for t in run.trajectories[step]})
-            raise RunError(f"step {step} has no trajectory of task {task!r}; its tasks: {', '.join(ids[:20])}")
+            raise RunError(
+                f"step {step} has no trajectory of task {task!r}; its tasks: {', '.join(ids[:20])}"
+            )
     if traj is not None:
         if isinstance(traj, str) and not traj.lstrip("-").isdigit():
             found = [t for t in trajs if t.id == traj]
@@ -395,7 +397,8 @@ def format_trajectory(
     )
     breakdown = "  ".join(f"{k}={v:.3f}" for k, v in sorted(traj.reward_breakdown.items()))
     out.append(
-        f"reward {st.signed(traj.reward, '.3f')}" + (f"  ({breakdown})" if breakdown else "")
+        f"reward {st.signed(traj.reward, '.3f')}"
+        + (f"  ({breakdown})" if breakdown else "")
         + f"  termination {_termination_text(traj, st)}  turns {len(traj.turns)}"
     )
     out.append(f"tokens {traj.num_tokens} (prompt/observation {prompt_tok}, action {action_tok})")
@@ -418,14 +421,18 @@ def format_trajectory(
                 out.append(f"{st.magenta}[task prompt]{st.reset}")
                 out.append(_indent(task.prompt))
             else:
-                out.append(f"{st.dim}[prompt: {len(turn.prompt_ids)} tokens; pass a tokenizer to see them]{st.reset}")
+                out.append(
+                    f"{st.dim}[prompt: {len(turn.prompt_ids)} tokens; pass a tokenizer to see them]{st.reset}"
+                )
         out.append(_message_block(turn.action, st))
         if turn.observations:
             for m in turn.observations:
                 out.append(_message_block(m, st))
         info = turn.metadata.get("info")
         if isinstance(info, Mapping) and "answer" in info:
-            out.append(f"    {st.bold}final answer: {info['answer']!s}{st.reset}  correct: {info.get('correct')}")
+            out.append(
+                f"    {st.bold}final answer: {info['answer']!s}{st.reset}  correct: {info.get('correct')}"
+            )
     return "\n".join(out)
 
 
@@ -450,8 +457,11 @@ def format_summary(trajs: Sequence[Trajectory], *, step: int | None = None, colo
         )
     if trajs:
         mean = sum(t.reward for t in trajs) / len(trajs)
-        rows.append(f"{len(trajs)} trajectories" + (f" at step {step}" if step is not None else "")
-                    + f", mean reward {mean:.3f}")
+        rows.append(
+            f"{len(trajs)} trajectories"
+            + (f" at step {step}" if step is not None else "")
+            + f", mean reward {mean:.3f}"
+        )
     return "\n".join(rows)
 
 
@@ -512,7 +522,8 @@ class RescoreReport:
         for r in self.rows:
             lines.append(
                 f"{r.traj_id[:18]:<18} {r.task_id[:28]:<28} {r.old_reward:>7.3f} {r.new_reward:>7.3f} "
-                f"{r.new_reward - r.old_reward:>+7.3f}" + "".join(f" {r.new_breakdown[n]:>10.3f}" for n in names)
+                f"{r.new_reward - r.old_reward:>+7.3f}"
+                + "".join(f" {r.new_breakdown[n]:>10.3f}" for n in names)
             )
         lines.append(
             f"{'mean':<18} {'(' + str(len(self.rows)) + ' trajectories)':<28} {self.old_mean:>7.3f} "
@@ -662,7 +673,9 @@ async def areexecute(
                 res = await env.step(action)
             except Exception as e:
                 report.diffs.append(
-                    ObservationDiff(traj.id, traj.task_id, k, -1, None, None, f"env.step raised {type(e).__name__}: {e}")
+                    ObservationDiff(
+                        traj.id, traj.task_id, k, -1, None, None, f"env.step raised {type(e).__name__}: {e}"
+                    )
                 )
                 break
             rec, new = list(turn.observations), list(res.observations)
@@ -679,7 +692,12 @@ async def areexecute(
             if ended and not last:
                 report.diffs.append(
                     ObservationDiff(
-                        traj.id, traj.task_id, k, -1, None, None,
+                        traj.id,
+                        traj.task_id,
+                        k,
+                        -1,
+                        None,
+                        None,
                         f"the environment ended the episode here but the record has {len(traj.turns) - k - 1} more turns",
                     )
                 )
@@ -687,7 +705,12 @@ async def areexecute(
             if last and traj.termination == Termination.finished and not res.terminated:
                 report.diffs.append(
                     ObservationDiff(
-                        traj.id, traj.task_id, k, -1, None, None,
+                        traj.id,
+                        traj.task_id,
+                        k,
+                        -1,
+                        None,
+                        None,
                         "the record ends with termination 'finished' but the environment did not terminate",
                     )
                 )

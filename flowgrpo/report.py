@@ -57,7 +57,9 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _eval_series(evals: Sequence[Mapping[str, Any]], key: str = "accuracy") -> dict[str, list[tuple[float, float]]]:
+def _eval_series(
+    evals: Sequence[Mapping[str, Any]], key: str = "accuracy"
+) -> dict[str, list[tuple[float, float]]]:
     by_split: dict[str, list[Mapping[str, Any]]] = {}
     for e in evals:
         by_split.setdefault(str(e.get("split", "eval")), []).append(e)
@@ -83,8 +85,14 @@ def plot_run(run_dir: str | os.PathLike) -> Path:
             ax_a.plot(*zip(*acc, strict=True), marker="o", ms=3, color=PALETTE[0], label="train")
         for i, (split, pts) in enumerate(sorted(_eval_series(run.evals).items())):
             if pts:
-                ax_a.plot(*zip(*pts, strict=True), marker="s", ms=4, ls="--", color=PALETTE[(i + 1) % 7],
-                          label=f"eval ({split})")
+                ax_a.plot(
+                    *zip(*pts, strict=True),
+                    marker="s",
+                    ms=4,
+                    ls="--",
+                    color=PALETTE[(i + 1) % 7],
+                    label=f"eval ({split})",
+                )
         ax_a.set_title("accuracy")
         for ax in (ax_r, ax_a):
             ax.set_xlabel("step")
@@ -161,7 +169,9 @@ def svg_line_chart(
         f'<text x="{width / 2:.0f}" y="17" text-anchor="middle" class="ctitle">{html.escape(title)}</text>',
     ]
     if not pts:
-        parts.append(f'<text x="{width / 2:.0f}" y="{height / 2:.0f}" text-anchor="middle">no data</text></svg>')
+        parts.append(
+            f'<text x="{width / 2:.0f}" y="{height / 2:.0f}" text-anchor="middle">no data</text></svg>'
+        )
         return "".join(parts)
     xs, ys = [p[0] for p in pts], [p[1] for p in pts]
     xt = nice_ticks(min(xs), max(xs), 6, integer=all(float(x).is_integer() for x in xs))
@@ -180,13 +190,17 @@ def svg_line_chart(
     parts.append(f'<rect x="{ml}" y="{mt}" width="{pw}" height="{ph}" class="plotbg"/>')
     for t in yt:
         parts.append(f'<line x1="{ml}" x2="{ml + pw}" y1="{sy(t):.1f}" y2="{sy(t):.1f}" class="grid"/>')
-        parts.append(f'<text x="{ml - 5}" y="{sy(t) + 4:.1f}" text-anchor="end" class="tick">{_fmt(t)}</text>')
+        parts.append(
+            f'<text x="{ml - 5}" y="{sy(t) + 4:.1f}" text-anchor="end" class="tick">{_fmt(t)}</text>'
+        )
     for t in xt:
         parts.append(f'<line x1="{sx(t):.1f}" x2="{sx(t):.1f}" y1="{mt}" y2="{mt + ph}" class="grid"/>')
         parts.append(
             f'<text x="{sx(t):.1f}" y="{mt + ph + 14}" text-anchor="middle" class="tick">{_fmt(t)}</text>'
         )
-    parts.append(f'<text x="{ml + pw / 2:.0f}" y="{height - 4}" text-anchor="middle" class="tick">step</text>')
+    parts.append(
+        f'<text x="{ml + pw / 2:.0f}" y="{height - 4}" text-anchor="middle" class="tick">step</text>'
+    )
     for i, (label, s) in enumerate(series.items()):
         color = PALETTE[i % len(PALETTE)]
         if not s:
@@ -236,11 +250,24 @@ def advantage_color(adv: float | None, scale: float) -> str:
     if adv is None:
         return "rgba(120,120,255,0.18)"
     a = 0.08 + 0.62 * min(1.0, abs(adv) / scale) if scale > 0 else 0.08
-    return f"rgba(0,170,60,{a:.3f})" if adv > 0 else f"rgba(220,30,30,{a:.3f})" if adv < 0 else "rgba(0,0,0,0.06)"
+    return (
+        f"rgba(0,170,60,{a:.3f})"
+        if adv > 0
+        else f"rgba(220,30,30,{a:.3f})"
+        if adv < 0
+        else "rgba(0,0,0,0.06)"
+    )
 
 
-def _token_spans(ids: Sequence[int], pieces: Sequence[str], *, action: bool, adv: float | None,
-                 logprobs: Sequence[float] | None, scale: float) -> str:
+def _token_spans(
+    ids: Sequence[int],
+    pieces: Sequence[str],
+    *,
+    action: bool,
+    adv: float | None,
+    logprobs: Sequence[float] | None,
+    scale: float,
+) -> str:
     out = []
     bg = advantage_color(adv, scale) if action else ""
     for j, (tid, piece) in enumerate(zip(ids, pieces, strict=True)):
@@ -275,7 +302,7 @@ def trajectory_html(traj: Trajectory, tokenizer: Any | None, *, scale: float, st
     head = (
         f'<div class="thead"><b>{e(traj.id)}</b> · task <code>{e(traj.task_id)}</code>'
         + (f" · step {step}" if step is not None else "")
-        + f" · reward <b class=\"reward\">{traj.reward:.3f}</b>"
+        + f' · reward <b class="reward">{traj.reward:.3f}</b>'
         + (f" ({breakdown})" if breakdown else "")
         + f" · {e(traj.termination.value)} · {len(traj.turns)} turns · {traj.num_tokens} tokens "
         f"({traj.num_action_tokens} sampled)</div>"
@@ -283,20 +310,34 @@ def trajectory_html(traj: Trajectory, tokenizer: Any | None, *, scale: float, st
     rows = []
     for k, turn in enumerate(traj.turns):
         adv_s = f"{turn.advantage:+.3f}" if turn.advantage is not None else "n/a"
-        ctx = _token_spans(turn.prompt_ids, token_pieces(turn.prompt_ids, tokenizer), action=False, adv=None,
-                           logprobs=None, scale=scale)
-        act = _token_spans(turn.action_ids, token_pieces(turn.action_ids, tokenizer), action=True,
-                           adv=turn.advantage, logprobs=turn.action_logprobs, scale=scale)
+        ctx = _token_spans(
+            turn.prompt_ids,
+            token_pieces(turn.prompt_ids, tokenizer),
+            action=False,
+            adv=None,
+            logprobs=None,
+            scale=scale,
+        )
+        act = _token_spans(
+            turn.action_ids,
+            token_pieces(turn.action_ids, tokenizer),
+            action=True,
+            adv=turn.advantage,
+            logprobs=turn.action_logprobs,
+            scale=scale,
+        )
         msgs = []
         for c in turn.action.tool_calls:
-            msgs.append(f'<div class="call">→ {e(c.name)}({e(json.dumps(c.arguments, ensure_ascii=False))})</div>')
+            msgs.append(
+                f'<div class="call">→ {e(c.name)}({e(json.dumps(c.arguments, ensure_ascii=False))})</div>'
+            )
         for m in turn.observations:
             who = f"{m.role}{' ' + m.name if m.name else ''}"
             msgs.append(f'<div class="obs"><b>[{e(who)}]</b> {e(m.content)}</div>')
         rows.append(
             f'<div class="turn"><div class="tmeta">turn {k + 1} · prompt {len(turn.prompt_ids)} tok · action '
             f"{len(turn.action_ids)} tok · reward {turn.reward:+.3f} · advantage {adv_s} · "
-            f'{e(turn.finish_reason)}{" · context reset" if turn.resets_context else ""}</div>'
+            f"{e(turn.finish_reason)}{' · context reset' if turn.resets_context else ''}</div>"
             f'<div class="tokens">{ctx}{act}</div>{"".join(msgs)}</div>'
         )
     ans = (
@@ -321,7 +362,9 @@ def _cell(v: Any) -> str:
     return "" if v is None else str(v)
 
 
-def records_table(records: Sequence[Mapping[str, Any]], *, first: Sequence[str] = ("step",), table_id: str) -> str:
+def records_table(
+    records: Sequence[Mapping[str, Any]], *, first: Sequence[str] = ("step",), table_id: str
+) -> str:
     """An HTML table of records; columns: ``first`` then the union of keys in first-seen order."""
     if not records:
         return f'<p id="{table_id}" class="empty">none</p>'
@@ -330,7 +373,9 @@ def records_table(records: Sequence[Mapping[str, Any]], *, first: Sequence[str] 
         cols += [k for k in r if k not in cols]
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
     body = "".join(
-        "<tr>" + "".join(f'<td data-col="{html.escape(c)}">{html.escape(_cell(r.get(c)))}</td>' for c in cols) + "</tr>"
+        "<tr>"
+        + "".join(f'<td data-col="{html.escape(c)}">{html.escape(_cell(r.get(c)))}</td>' for c in cols)
+        + "</tr>"
         for r in records
     )
     return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
@@ -407,7 +452,9 @@ def _clean(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [fix(dict(r)) for r in records]
 
 
-def _pick_trajectories(run: RunData, steps: Sequence[int] | None, max_trajectories: int) -> list[tuple[int, Trajectory]]:
+def _pick_trajectories(
+    run: RunData, steps: Sequence[int] | None, max_trajectories: int
+) -> list[tuple[int, Trajectory]]:
     avail = run.steps
     if not avail or max_trajectories <= 0:
         return []
@@ -436,15 +483,24 @@ def render_report(
     e = html.escape
     metrics, evals = _clean(run.metrics), _clean(run.evals)
     charts = [
-        svg_line_chart({"train": _series(metrics, "reward_mean")}, title="mean reward", chart_id="chart-reward"),
         svg_line_chart(
-            {"train": _series(metrics, "accuracy"),
-             **{f"eval ({k})": v for k, v in sorted(_eval_series(evals).items())}},
-            title="accuracy", chart_id="chart-accuracy", y_range=(0.0, 1.0),
+            {"train": _series(metrics, "reward_mean")}, title="mean reward", chart_id="chart-reward"
+        ),
+        svg_line_chart(
+            {
+                "train": _series(metrics, "accuracy"),
+                **{f"eval ({k})": v for k, v in sorted(_eval_series(evals).items())},
+            },
+            title="accuracy",
+            chart_id="chart-accuracy",
+            y_range=(0.0, 1.0),
         ),
     ]
-    other = [k for k in dict.fromkeys(k for r in metrics for k in r)
-             if k not in ("step", "reward_mean", "accuracy") and _series(metrics, k)]
+    other = [
+        k
+        for k in dict.fromkeys(k for r in metrics for k in r)
+        if k not in ("step", "reward_mean", "accuracy") and _series(metrics, k)
+    ]
     small = [svg_line_chart({k: _series(metrics, k)}, title=k, width=300, height=190) for k in other]
 
     picked = _pick_trajectories(run, steps, max_trajectories)
@@ -453,15 +509,21 @@ def render_report(
     trajs_html = "".join(trajectory_html(t, tokenizer, scale=scale, step=s) for s, t in picked)
     n_saved = sum(1 for _ in run.steps)
     tok_note = (
-        "tokens shown as text (the run's tokenizer)" if tokenizer is not None
+        "tokens shown as text (the run's tokenizer)"
+        if tokenizer is not None
         else "tokens shown as ids: the run's tokenizer could not be loaded"
     )
     config_text = _yaml(run.config) if run.config else "(no config.yaml)"
     summary = "".join(
         f'<div>{label}<span class="v" id="{i}">…</span></div>'
-        for i, label in (("s-steps", "steps logged"), ("s-final-step", "last step"),
-                         ("s-reward", "final mean reward"), ("s-accuracy", "final accuracy"),
-                         ("s-eval", "best eval accuracy"), ("s-evals", "evaluations"))
+        for i, label in (
+            ("s-steps", "steps logged"),
+            ("s-final-step", "last step"),
+            ("s-reward", "final mean reward"),
+            ("s-accuracy", "final accuracy"),
+            ("s-eval", "best eval accuracy"),
+            ("s-evals", "evaluations"),
+        )
     )
     data = _json_for_script({"metrics": metrics, "evals": evals})
     return f"""<!DOCTYPE html>

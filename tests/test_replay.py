@@ -137,24 +137,46 @@ def build_run(run_dir: Path, *, steps: int = 3, group_size: int = 2) -> Path:
             tasks = [train[(step - 1) % len(train)], train[step % len(train)]]
             # step 1: half the episodes answer wrong; later steps: all oracle (the policy "learns")
             policy = _alternating_policy() if step == 1 else None
-            groups = run_text_policy(make_env, tasks, policy, tok, cfg, group_size=group_size,
-                                     policy_version=step - 1)
+            groups = run_text_policy(
+                make_env, tasks, policy, tok, cfg, group_size=group_size, policy_version=step - 1
+            )
             composite.score_groups(groups)
             compute_advantages(groups, "flow_grpo")
             trajs = [t for g in groups for t in g.trajectories]
             with TrajectoryWriter(run_dir / "trajectories" / f"step_{step:06d}.jsonl") as w:
                 w.write_groups(groups)
             acc = sum(t.reward_breakdown["accuracy"] for t in trajs) / len(trajs)
-            mf.write(json.dumps({
-                "step": step, "reward_mean": sum(t.reward for t in trajs) / len(trajs), "accuracy": acc,
-                "loss": 0.5 / step, "kl": 0.01 * step, "clip_frac": 0.0, "entropy": 1.0,
-                "tokens_per_s": 100.0, "lr": 1e-5,
-            }) + "\n")
+            mf.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "reward_mean": sum(t.reward for t in trajs) / len(trajs),
+                        "accuracy": acc,
+                        "loss": 0.5 / step,
+                        "kl": 0.01 * step,
+                        "clip_frac": 0.0,
+                        "entropy": 1.0,
+                        "tokens_per_s": 100.0,
+                        "lr": 1e-5,
+                    }
+                )
+                + "\n"
+            )
             if step in (1, steps):
-                ef.write(json.dumps({
-                    "step": step, "split": "test", "accuracy": acc, "mean_turns": 2.0,
-                    "valid_tool_call_rate": 1.0, "terminations": {"finished": len(trajs)}, "n": len(trajs),
-                }) + "\n")
+                ef.write(
+                    json.dumps(
+                        {
+                            "step": step,
+                            "split": "test",
+                            "accuracy": acc,
+                            "mean_turns": 2.0,
+                            "valid_tool_call_rate": 1.0,
+                            "terminations": {"finished": len(trajs)},
+                            "n": len(trajs),
+                        }
+                    )
+                    + "\n"
+                )
     return run_dir
 
 
@@ -307,7 +329,9 @@ def test_reexecute_reports_termination_mismatch(run_dir):
 def test_cli_replay(run_dir, capsys):
     run = load_run(run_dir)
     task = run.trajectories[1][0].task_id
-    assert main(["replay", str(run_dir), "--step", "1", "--task", task, "--traj", "0", "--color", "never"]) == 0
+    assert (
+        main(["replay", str(run_dir), "--step", "1", "--task", task, "--traj", "0", "--color", "never"]) == 0
+    )
     out = capsys.readouterr().out
     assert out.count("== step 1") == 1 and "-- turn 2/2" in out and "\x1b[" not in out
     assert main(["replay", str(run_dir), "--step", "1", "--rescore", "accuracy"]) == 0

@@ -75,8 +75,15 @@ def chromium() -> str:
 
 
 def _chromium(browser: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    cmd = [browser, "--headless", "--disable-gpu", "--no-sandbox", "--no-first-run",
-           f"--user-data-dir={cwd / 'profile'}", *args]
+    cmd = [
+        browser,
+        "--headless",
+        "--disable-gpu",
+        "--no-sandbox",
+        "--no-first-run",
+        f"--user-data-dir={cwd / 'profile'}",
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=cwd)
 
 
@@ -152,10 +159,18 @@ def test_model_output_is_escaped(tmp_path, chromium):
     evil = '</span></script><script>document.title="pwned"</script><b id="inj">x</b>'
     ids = tok.encode(evil)
     traj = Trajectory(
-        task_id="t<1>", env="arithmetic", reward=0.5,
-        turns=[Turn(prompt_ids=tok.encode("hi"), action_ids=ids, action_logprobs=[0.0] * len(ids),
-                    action=Message(role="assistant", content=evil + "<answer>" + evil + "</answer>"),
-                    advantage=-1.0)],
+        task_id="t<1>",
+        env="arithmetic",
+        reward=0.5,
+        turns=[
+            Turn(
+                prompt_ids=tok.encode("hi"),
+                action_ids=ids,
+                action_logprobs=[0.0] * len(ids),
+                action=Message(role="assistant", content=evil + "<answer>" + evil + "</answer>"),
+                advantage=-1.0,
+            )
+        ],
     )
     run = tmp_path / "RUN"
     with TrajectoryWriter(run / "trajectories" / "step_000001.jsonl") as w:
