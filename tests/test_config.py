@@ -1,0 +1,122 @@
+"""Config: YAML + dotted overrides, and errors that say how to fix them."""
+
+from __future__ import annotations
+
+import pytest
+
+from flowgrpo.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from flowgrpo.config import ConfigError, TrainConfig, dump_config, load_config, parse_override
+from flowgrpo.metrics import MetricsLogger, read_metrics
+from flowgrpo.trainer import TaskStream, lr_lambda
+from flowgrpo.types import Task
+
+
+def test_yaml_plus_overrides(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text(
+        "model: {name: tiny, autocast: null}\n"
+        "env: {name: arithmetic, kwargs: {max_operand: 20}}\n"
+        "rewards: [{name: accuracy}, {name: format, weight: 0.2}]\n"
+        "algorithm: {estimator: gigpo, estimator_kwargs: {gamma: 0.9}}\n"
+        "train: {lr: 1.0e-5, group_size: 8}\n"
+        "rollout: {max_turns: 3, sampling: {temperature: 0.7}}\n"
+    )
+    cfg = load_config(
+        p, ["train.lr=2e-5", "rewards.1.weight=0.5", "algorithm.dual_clip=3", "run.resume=true"]
+    )
+    assert cfg.train.lr == 2e-5 and cfg.train.group_size == 8
+    assert cfg.rewards[1].name == "format" and cfg.rewards[1].weight == 0.5
+    assert cfg.env.kwargs == {"max_operand": 20}
+    assert cfg.algorithm.estimator == "gigpo" and cfg.algorithm.estimator_kwargs == {"gamma": 0.9}
+    assert cfg.algorithm.dual_clip == 3.0 and cfg.run.resume is True
+    assert cfg.rollout.max_turns == 3 and cfg.rollout.sampling.temperature == 0.7
+    assert cfg.model.autocast is None
+    # round trip
+    dump_config(cfg, tmp_path / "out.yaml")
+    assert load_config(tmp_path / "out.yaml") == cfg
+
+
+def test_unknown_keys_suggest_the_closest_name():
+    with pytest.raises(ConfigError, match=r"did you mean 'train.lr'\?.*valid keys here: .*group_size"):
+        load_config(None, ["train.lrr=1e-5"])
+    with pytest.raises(ConfigError, match=r"did you mean 'train'"):
+        load_config(None, ["trian.steps=3"])
+    with pytest.raises(ConfigError, match=r"rollout.sampling.temperature"):
+        load_config(None, ["rollout.sampling.temprature=1"])
+    with pytest.raises(ConfigError, match=r"did you mean 'gigpo'"):
+        load_config(None, ["algorithm.estimator=gipgo"])
+    with pytest.raises(ConfigError, match=r"train.lr: Input should be a valid number"):
+        load_config(None, ["train.lr=fast"])
+    with pytest.raises(ConfigError, match=r"greater than 0"):
+        load_config(None, ["train.lr=0"])
+    with pytest.raises(ConfigError, match="section.key=value"):
+        parse_override("train.lr")
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config("/nonexistent/x.yaml")
+    with pytest.raises(ConfigError, match="minibatches_per_batch"):
+        load_config(None, ["train.tasks_per_step=1", "train.group_size=2", "train.minibatches_per_batch=3"])
+
+
+def test_override_values_are_yaml():
+    assert parse_override("a.b=[1, 2]") == (["a", "b"], [1, 2])
+    assert parse_override("a=null") == (["a"], None)
+    assert parse_override("a=true") == (["a"], True)
+    assert parse_override("a=hello") == (["a"], "hello")
+
+
+def test_defaults():
+    cfg = TrainConfig()
+    assert cfg.model.dtype == "float32" and cfg.model.autocast == "bfloat16"  # fp32 master + bf16 autocast
+    assert cfg.algorithm.clip_high >= cfg.algorithm.clip_low
+
+
+def test_task_stream_is_resumable():
+    tasks = [Task(id=str(i), prompt="p") for i in range(5)]
+    a = TaskStream(tasks, seed=3)
+    seq = [t.id for t in a.next(12)]
+    assert sorted(seq[:5]) == [str(i) for i in range(5)]  # each pass is a permutation
+    b = TaskStream(tasks, seed=3)
+    b.next(7)
+    c = TaskStream(tasks, seed=3)
+    c.load_state_dict(b.state_dict())
+    assert [t.id for t in c.next(5)] == seq[7:12]
+
+
+def test_lr_schedules():
+    assert [lr_lambda("constant", 10, 2, 0.0)(s) for s in (0, 1, 5)] == [0.5, 1.0, 1.0]
+    assert lr_lambda("linear", 10, 0, 0.0)(5) == pytest.approx(0.5)
+    assert lr_lambda("cosine", 10, 0, 0.1)(10) == pytest.approx(0.1)
+    assert lr_lambda("cosine", 10, 0, 0.0)(0) == pytest.approx(1.0)
+
+
+def test_checkpoint_roundtrip_and_pruning(tmp_path):
+    import torch
+
+    m = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(m.parameters(), lr=0.1)
+    m(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    for s in (1, 2, 3):
+        save_checkpoint(tmp_path, s, model=m, optimizer=opt, extra={"x": s}, keep_last=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000002", "step_000003"]
+    assert latest_checkpoint(tmp_path).name == "step_000003"
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    save_checkpoint(tmp_path, 4, model=m, optimizer=opt)
+    m2 = torch.nn.Linear(3, 2)
+    opt2 = torch.optim.AdamW(m2.parameters(), lr=0.1)
+    torch.manual_seed(123)
+    state = load_checkpoint(latest_checkpoint(tmp_path), model=m2, optimizer=opt2)
+    assert state["step"] == 4 and torch.equal(m2.weight, m.weight)
+    assert torch.equal(torch.rand(3), expected)  # RNG restored
+    assert opt2.state_dict()["state"][0]["step"] == opt.state_dict()["state"][0]["step"]
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        load_checkpoint(tmp_path / "missing", model=m2)
+
+
+def test_metrics_jsonl(tmp_path):
+    log = MetricsLogger(tmp_path / "m.jsonl")
+    log.log(1, {"a": 1.0, "b": float("nan")})
+    log.log(2, {"a": 2.0})
+    assert read_metrics(tmp_path / "m.jsonl") == [{"step": 1, "a": 1.0, "b": "nan"}, {"step": 2, "a": 2.0}]
