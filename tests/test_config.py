@@ -49,7 +49,7 @@ def test_unknown_keys_suggest_the_closest_name():
         load_config(None, ["train.lr=fast"])
     with pytest.raises(ConfigError, match=r"greater than 0"):
         load_config(None, ["train.lr=0"])
-    with pytest.raises(ConfigError, match="section.key=value"):
+    with pytest.raises(ConfigError, match=r"section\.key=value"):
         parse_override("train.lr")
     with pytest.raises(ConfigError, match="does not exist"):
         load_config("/nonexistent/x.yaml")
