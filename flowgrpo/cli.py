@@ -31,15 +31,31 @@ def add_replay_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--step", type=int, help="optimizer step (default: the last saved step)")
     p.add_argument("--task", help="only trajectories of this task id")
     p.add_argument("--traj", help="the K-th trajectory of the selection, or a trajectory id")
-    p.add_argument("--limit", type=int, default=4, help="print at most this many trajectories in full (default 4)")
-    p.add_argument("--color", choices=["auto", "always", "never"], default="auto",
-                   help="ANSI colour (auto: only when stdout is a terminal)")
-    p.add_argument("--no-tokenizer", action="store_true",
-                   help="do not load the run's tokenizer (the opening prompt is then shown as a token count)")
-    p.add_argument("--rescore", nargs="+", metavar="REWARD",
-                   help="score the selection with these rewards (NAME or NAME=WEIGHT), e.g. accuracy format=0.2")
-    p.add_argument("--reexecute", action="store_true",
-                   help="run the recorded tool calls against the environment and report differing observations")
+    p.add_argument(
+        "--limit", type=int, default=4, help="print at most this many trajectories in full (default 4)"
+    )
+    p.add_argument(
+        "--color",
+        choices=["auto", "always", "never"],
+        default="auto",
+        help="ANSI colour (auto: only when stdout is a terminal)",
+    )
+    p.add_argument(
+        "--no-tokenizer",
+        action="store_true",
+        help="do not load the run's tokenizer (the opening prompt is then shown as a token count)",
+    )
+    p.add_argument(
+        "--rescore",
+        nargs="+",
+        metavar="REWARD",
+        help="score the selection with these rewards (NAME or NAME=WEIGHT), e.g. accuracy format=0.2",
+    )
+    p.add_argument(
+        "--reexecute",
+        action="store_true",
+        help="run the recorded tool calls against the environment and report differing observations",
+    )
     p.add_argument("--env", help="environment name (default: the run's config.yaml)")
     p.add_argument("--env-kwargs", type=json.loads, help="environment kwargs as JSON (default: the config's)")
     p.set_defaults(func=_run_replay)
@@ -61,9 +77,15 @@ def add_report_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("run", help="the run directory")
     p.add_argument("-o", "--output", help="output HTML path (default RUN/report.html)")
     p.add_argument("--max-trajectories", type=int, default=8, help="trajectories shown (default 8)")
-    p.add_argument("--step", type=int, action="append",
-                   help="steps whose trajectories to show (repeatable; default: the first and last)")
-    p.add_argument("--no-tokenizer", action="store_true", help="show token ids instead of loading the tokenizer")
+    p.add_argument(
+        "--step",
+        type=int,
+        action="append",
+        help="steps whose trajectories to show (repeatable; default: the first and last)",
+    )
+    p.add_argument(
+        "--no-tokenizer", action="store_true", help="show token ids instead of loading the tokenizer"
+    )
     p.add_argument("--no-plot", action="store_true", help="do not write RUN/plot.png")
     p.set_defaults(func=_run_report)
 
@@ -122,7 +144,9 @@ def _run_tools(args: argparse.Namespace) -> int:
         except Exception as e:  # e.g. search needs a corpus: list it with the reason
             print(f"{name:<{width}}  (needs arguments to build: {_first_line(str(e))})")
             continue
-        args_desc = ", ".join(sorted(tool_mod.to_openai_schema(t)["function"]["parameters"].get("properties", {})))
+        args_desc = ", ".join(
+            sorted(tool_mod.to_openai_schema(t)["function"]["parameters"].get("properties", {}))
+        )
         print(f"{name:<{width}}  {_first_line(t.description)}  (args: {args_desc or 'none'})")
     return 0
 
