@@ -33,7 +33,9 @@ MALLOC_TUNED = "glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_thresho
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def child_env(*, malloc_tuned: bool = True, threads: int | None = None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def child_env(
+    *, malloc_tuned: bool = True, threads: int | None = None, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """The environment of a benchmark child: the parent's, plus the malloc tuning and thread counts."""
     env = dict(os.environ)
     if malloc_tuned:
@@ -165,8 +167,13 @@ def matmul_peak(dtype: str = "bfloat16", n: int = 2048, iters: int = 6, device: 
     """
     import torch
 
-    dt = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32,
-          "float16": torch.float16}[dtype]
+    dt = {
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "float16": torch.float16,
+    }[dtype]
     a = torch.randn(n, n, device=device).to(dt)
     b = torch.randn(n, n, device=device).to(dt)
     a @ b  # warm-up
@@ -232,9 +239,16 @@ def load_policy(model: str, *, dtype: str = "float32", device: str = "cpu", seed
 
         _, tok = load_model("smollm2-135m")
         cfg = Qwen2Config(
-            vocab_size=len(tok), hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-            num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096,
-            tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+            vocab_size=len(tok),
+            hidden_size=896,
+            intermediate_size=4864,
+            num_hidden_layers=24,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            max_position_embeddings=4096,
+            tie_word_embeddings=True,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
             pad_token_id=tok.pad_token_id,
         )
         torch.manual_seed(seed)
@@ -250,6 +264,7 @@ def load_policy(model: str, *, dtype: str = "float32", device: str = "cpu", seed
 
 def fmt_table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
     """A GitHub-markdown table."""
+
     def cell(x: Any) -> str:
         if isinstance(x, float):
             return f"{x:.3g}" if abs(x) < 100 else f"{x:.0f}"
@@ -258,3 +273,23 @@ def fmt_table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    """A minimal child for testing :func:`run_child`: holds ``--alloc-mb`` MB resident, reports it."""
+    import argparse
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--child", action="store_true")
+    p.add_argument("--out", required=True)
+    p.add_argument("--alloc-mb", type=int, default=0)
+    a = p.parse_args(argv)
+    block = bytearray(a.alloc_mb * 1024 * 1024)
+    for i in range(0, len(block), 4096):  # touch every page so it is resident
+        block[i] = 1
+    write_child_result(a.out, {"allocated_mb": a.alloc_mb, "pid": os.getpid()})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -134,7 +134,10 @@ def make_env(cfg: BenchConfig):
 def opening_messages(cfg: BenchConfig, task: Any) -> list[dict[str, str]]:
     """The prompt both sides start from (system + user), as chat dicts."""
     env = make_env(cfg)
-    return [{"role": "system", "content": env.system_prompt}, {"role": "user", "content": env.user_prompt(task)}]
+    return [
+        {"role": "system", "content": env.system_prompt},
+        {"role": "user", "content": env.user_prompt(task)},
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,16 +171,25 @@ class FlowGRPOSide:
         self.backend = HFBackend(model, tokenizer, max_batch_size=64, autocast_dtype=self.autocast)
         sampling = SamplingParams(temperature=cfg.temperature, top_p=1.0, top_k=0, seed=cfg.seed)
         if cfg.task == "single":
-            rc = RolloutConfig(max_turns=1, max_new_tokens=cfg.max_completion_tokens, max_context_tokens=4096,
-                               sampling=sampling)
+            rc = RolloutConfig(
+                max_turns=1,
+                max_new_tokens=cfg.max_completion_tokens,
+                max_context_tokens=4096,
+                sampling=sampling,
+            )
         else:
             longest = max(len(self.prompt_ids(t)) for t in tasks)
-            rc = RolloutConfig(max_turns=cfg.max_turns, max_new_tokens=cfg.max_completion_tokens,
-                               max_context_tokens=longest + cfg.max_completion_tokens, sampling=sampling)
+            rc = RolloutConfig(
+                max_turns=cfg.max_turns,
+                max_new_tokens=cfg.max_completion_tokens,
+                max_context_tokens=longest + cfg.max_completion_tokens,
+                sampling=sampling,
+            )
         self.engine = RolloutEngine(self.backend, tokenizer, rc)
         self.reward = CompositeReward([RewardSpec(name="accuracy")])
-        self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, betas=(0.9, 0.999), eps=1e-8,
-                                     weight_decay=0.0)
+        self.opt = torch.optim.AdamW(
+            model.parameters(), lr=cfg.learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0
+        )
         self.token_budget = 8192
 
     def prompt_ids(self, task: Any) -> list[int]:
@@ -212,9 +224,17 @@ class FlowGRPOSide:
         dev = next(self.model.parameters()).device
         for mb in mbs:
             mb = mb.to(dev)
-            lp, _ = action_logprobs(self.model, mb.input_ids, mb.attention_mask, mb.loss_mask,
-                                    temperature=cfg.temperature, autocast_dtype=self.autocast)
-            loss, _ = policy_loss(lp, mb.old_logprobs, mb.advantages, mb.loss_mask, token_weights=mb.token_weights)
+            lp, _ = action_logprobs(
+                self.model,
+                mb.input_ids,
+                mb.attention_mask,
+                mb.loss_mask,
+                temperature=cfg.temperature,
+                autocast_dtype=self.autocast,
+            )
+            loss, _ = policy_loss(
+                lp, mb.old_logprobs, mb.advantages, mb.loss_mask, token_weights=mb.token_weights
+            )
             loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
@@ -239,8 +259,12 @@ def run_flowgrpo(cfg: BenchConfig, steps: int, warmup: int = 1) -> dict[str, Any
     set_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
-    model, tok = load_policy(cfg.model, dtype="bfloat16" if cfg.precision == "bf16" else "float32",
-                             device=cfg.device, seed=cfg.seed)
+    model, tok = load_policy(
+        cfg.model,
+        dtype="bfloat16" if cfg.precision == "bf16" else "float32",
+        device=cfg.device,
+        seed=cfg.seed,
+    )
     if cfg.task == "multi":
         tok.chat_template = multi_turn_template()
     tasks = bench_tasks(cfg.prompts_per_step * (steps + warmup), cfg.seed)
@@ -268,16 +292,17 @@ def run_flowgrpo(cfg: BenchConfig, steps: int, warmup: int = 1) -> dict[str, Any
 def trl_calculator():
     """The calculator as a TRL tool: an async function with a typed, documented signature that
     calls flowgrpo's own calculator (so both sides compute the same observations)."""
-    from flowgrpo.tool import ToolError, invoke
     from flowgrpo.tools.calculator import Calculator
+
+    from flowgrpo.tool import ToolError, invoke
 
     calc = Calculator()
 
     async def calculator(expression: str) -> str:
-        """Evaluate an arithmetic expression and return the result.
+        """Evaluate a math expression exactly (fractions, powers, sqrt, sin, log, %).
 
         Args:
-            expression: The arithmetic expression to evaluate, e.g. "(12 + 7) * 3".
+            expression: A math expression, e.g. 391/4 or sqrt(2)*3 or 15% of 80
         """
         try:
             return (await invoke(calc, {"expression": expression})).content
@@ -319,8 +344,12 @@ def run_trl(cfg: BenchConfig, steps: int, warmup: int = 1) -> dict[str, Any]:
     set_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
-    model, tok = load_policy(cfg.model, dtype="bfloat16" if cfg.precision == "bf16" else "float32",
-                             device=cfg.device, seed=cfg.seed)
+    model, tok = load_policy(
+        cfg.model,
+        dtype="bfloat16" if cfg.precision == "bf16" else "float32",
+        device=cfg.device,
+        seed=cfg.seed,
+    )
     if cfg.task == "multi":
         tok.chat_template = multi_turn_template()
     n = warmup + steps
@@ -385,7 +414,7 @@ def run_trl(cfg: BenchConfig, steps: int, warmup: int = 1) -> dict[str, Any]:
         setup_s = time.perf_counter() - t0
         trainer.train()
     step_logs = [lg for lg in timer.logs if "completions/mean_length" in lg]
-    tokens = [int(round(lg["completions/mean_length"] * cfg.num_completions)) for lg in step_logs]
+    tokens = [round(lg["completions/mean_length"] * cfg.num_completions) for lg in step_logs]
     rewards = [float(lg.get("reward", float("nan"))) for lg in step_logs]
     return {
         "side": "trl",
@@ -418,15 +447,30 @@ class SideSummary:
         toks = [t for r in results for t in r.payload["completion_tokens"]]
         tok_s = [t / s for t, s in zip(toks, step_s, strict=False) if s > 0]
         med = median(step_s)
-        return cls(side, med, 1.0 / med, median(tok_s), max(r.peak_rss_gb for r in results), len(step_s), step_s)
+        return cls(
+            side, med, 1.0 / med, median(tok_s), max(r.peak_rss_gb for r in results), len(step_s), step_s
+        )
 
 
-def compare(cfg: BenchConfig, *, rounds: int, steps: int, malloc_tuned: bool = True,
-            timeout_s: float = 900) -> dict[str, Any]:
+def compare(
+    cfg: BenchConfig, *, rounds: int, steps: int, malloc_tuned: bool = True, timeout_s: float = 900
+) -> dict[str, Any]:
     """Alternate TRL and flowgrpo children ``rounds`` times; returns both summaries and the ratios."""
     env = child_env(malloc_tuned=malloc_tuned, threads=cfg.threads)
-    base = ["--task", cfg.task, "--precision", cfg.precision, "--model", cfg.model, "--device", cfg.device,
-            "--steps", str(steps), "--seed", str(cfg.seed)]
+    base = [
+        "--task",
+        cfg.task,
+        "--precision",
+        cfg.precision,
+        "--model",
+        cfg.model,
+        "--device",
+        cfg.device,
+        "--steps",
+        str(steps),
+        "--seed",
+        str(cfg.seed),
+    ]
     if cfg.threads:
         base += ["--threads", str(cfg.threads)]
     got: dict[str, list[ChildResult]] = {"trl": [], "flowgrpo": []}
@@ -436,9 +480,12 @@ def compare(cfg: BenchConfig, *, rounds: int, steps: int, malloc_tuned: bool = T
             t0 = time.monotonic()
             res = run_child("benchmarks.vs_trl", [*base, "--side", side], env=env, timeout_s=timeout_s)
             got[side].append(res)
-            print(f"  [{cfg.task}/{cfg.precision}] round {r + 1}/{rounds} {side:8s}: steps "
-                  + ", ".join(f"{s:.2f}" for s in res.payload["step_s"])
-                  + f" s, peak RSS {res.peak_rss_gb:.2f} GB ({time.monotonic() - t0:.0f} s)", flush=True)
+            print(
+                f"  [{cfg.task}/{cfg.precision}] round {r + 1}/{rounds} {side:8s}: steps "
+                + ", ".join(f"{s:.2f}" for s in res.payload["step_s"])
+                + f" s, peak RSS {res.peak_rss_gb:.2f} GB ({time.monotonic() - t0:.0f} s)",
+                flush=True,
+            )
     trl, ours = SideSummary.of("trl", got["trl"]), SideSummary.of("flowgrpo", got["flowgrpo"])
     return {
         "config": asdict(cfg),
@@ -455,7 +502,9 @@ def compare(cfg: BenchConfig, *, rounds: int, steps: int, malloc_tuned: bool = T
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--task", choices=["single", "multi", "all"], default="single")
     p.add_argument("--precision", choices=["bf16", "amp", "all"], default="bf16")
     p.add_argument("--model", default="smollm2-135m", help="smollm2-135m | random-0.5b (GPU) | tiny")
@@ -474,8 +523,15 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
 
     if a.child:
-        cfg = BenchConfig(task=a.task, precision=a.precision, model=a.model, device=a.device, seed=a.seed,
-                          threads=a.threads, max_completion_tokens=64 if a.task == "single" else 128)
+        cfg = BenchConfig(
+            task=a.task,
+            precision=a.precision,
+            model=a.model,
+            device=a.device,
+            seed=a.seed,
+            threads=a.threads,
+            max_completion_tokens=64 if a.task == "single" else 128,
+        )
         fn = run_trl if a.side == "trl" else run_flowgrpo
         write_child_result(a.out, fn(cfg, a.steps))
         return 0
@@ -489,32 +545,73 @@ def main(argv: list[str] | None = None) -> int:
     tasks = ["single", "multi"] if a.task == "all" else [a.task]
     precs = ["bf16", "amp"] if a.precision == "all" else [a.precision]
     info = machine_info()
-    print(f"machine: {info.get('cpu')} ({info.get('cores')} cores), torch {info.get('torch')}, "
-          f"malloc tuned: {not a.no_malloc_tuning}; {a.rounds} round(s) x {a.steps} timed steps per side")
+    print(
+        f"machine: {info.get('cpu')} ({info.get('cores')} cores), torch {info.get('torch')}, "
+        f"malloc tuned: {not a.no_malloc_tuning}; {a.rounds} round(s) x {a.steps} timed steps per side"
+    )
     results = []
     for task in tasks:
         for prec in precs:
-            cfg = BenchConfig(task=task, precision=prec, model=a.model, device=a.device, seed=a.seed, threads=a.threads,
-                              max_completion_tokens=64 if task == "single" else 128)
+            cfg = BenchConfig(
+                task=task,
+                precision=prec,
+                model=a.model,
+                device=a.device,
+                seed=a.seed,
+                threads=a.threads,
+                max_completion_tokens=64 if task == "single" else 128,
+            )
             results.append(compare(cfg, rounds=a.rounds, steps=a.steps, malloc_tuned=not a.no_malloc_tuning))
     rows = []
     for r in results:
         c = r["config"]
         for side in ("trl", "flowgrpo"):
             s = r[side]
-            rows.append([f"{c['task']}/{c['precision']}", side, s["median_step_s"], s["steps_per_s"],
-                         s["completion_tok_per_s"], s["peak_rss_gb"], s["n_steps"]])
-        rows.append([f"{c['task']}/{c['precision']}", "**ratio ours/TRL**", "", r["speedup_steps_per_s"],
-                     r["speedup_tok_per_s"], r["rss_ratio"], ""])
+            rows.append(
+                [
+                    f"{c['task']}/{c['precision']}",
+                    side,
+                    s["median_step_s"],
+                    s["steps_per_s"],
+                    s["completion_tok_per_s"],
+                    s["peak_rss_gb"],
+                    s["n_steps"],
+                ]
+            )
+        rows.append(
+            [
+                f"{c['task']}/{c['precision']}",
+                "**ratio ours/TRL**",
+                "",
+                r["speedup_steps_per_s"],
+                r["speedup_tok_per_s"],
+                r["rss_ratio"],
+                "",
+            ]
+        )
     print()
-    print(fmt_table(rows, ["task/precision", "side", "median s/step", "steps/s", "completion tok/s",
-                           "peak RSS GB", "timed steps"]))
+    print(
+        fmt_table(
+            rows,
+            [
+                "task/precision",
+                "side",
+                "median s/step",
+                "steps/s",
+                "completion tok/s",
+                "peak RSS GB",
+                "timed steps",
+            ],
+        )
+    )
     print("\nours, median phase seconds:")
     for r in results:
         ph = r["phases"]
         if ph:
-            print(f"  {r['config']['task']}/{r['config']['precision']}: "
-                  + ", ".join(f"{k} {median([p[k] for p in ph]):.2f}" for k in ph[0]))
+            print(
+                f"  {r['config']['task']}/{r['config']['precision']}: "
+                + ", ".join(f"{k} {median([p[k] for p in ph]):.2f}" for k in ph[0])
+            )
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"machine": info, "results": results}, f, indent=1)

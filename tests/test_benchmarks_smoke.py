@@ -1,0 +1,102 @@
+"""Smoke tests of the benchmark scripts' core functions with tiny models.
+
+No timing is ever asserted (the machine is shared and noisy); these check that each script's
+measurement path runs end to end and that the counts it reports are right.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks._common import child_env, median, run_child
+from benchmarks.prefix_merging import layout_costs
+from benchmarks.update_mfu import ModelShape, action_mask_row, measure, train_flops
+
+
+def test_run_child_reports_that_childs_own_peak_rss() -> None:
+    small = run_child("benchmarks._common", ["--alloc-mb", "0"], env=child_env())
+    big = run_child("benchmarks._common", ["--alloc-mb", "300"], env=child_env())
+    assert big.payload["allocated_mb"] == 300
+    # 300 MB touched in the child shows in its ru_maxrss; the small child does not inherit it.
+    assert big.peak_rss_bytes - small.peak_rss_bytes > 250 * 1024 * 1024
+    assert small.peak_rss_bytes < 200 * 1024 * 1024
+
+
+def test_run_child_failure_says_what_failed() -> None:
+    with pytest.raises(RuntimeError, match="exit code"):
+        run_child("benchmarks._common", ["--alloc-mb", "not-a-number"], env=child_env())
+
+
+def test_median_of_even_and_odd_lists() -> None:
+    assert median([3.0, 1.0, 2.0]) == 2.0
+    assert median([4.0, 1.0, 2.0, 3.0]) == 2.5
+
+
+def test_train_flops_by_hand() -> None:
+    shape = ModelShape(layers=2, hidden=4, attn_dim=4, vocab=10, linear_params=100)
+    # dense 6*100*3 = 1800; causal attention 6*2*4*3*4 = 576; head 6*4*10*2 = 480
+    assert train_flops(shape, 3, 2) == 1800 + 576 + 480
+    # PaLM's full square: 12*2*4*3*3 = 864
+    assert train_flops(shape, 3, 2, causal=False) == 1800 + 864 + 480
+
+
+def test_model_shape_counts_smollm2_like_linear_weights() -> None:
+    from flowgrpo.models import tiny_model
+
+    model, _ = tiny_model(hidden_size=64, num_layers=2, num_heads=4)
+    shape = ModelShape.of(model)
+    # per layer: q, k, v, o 64x64 each + gate, up, down 64x128 each
+    assert shape.linear_params == 2 * (4 * 64 * 64 + 3 * 64 * 128)
+    assert (shape.layers, shape.hidden, shape.attn_dim) == (2, 64, 64)
+
+
+def test_action_mask_row_layout() -> None:
+    m = action_mask_row(260)
+    assert (
+        m[:150] == [0] * 150 and m[150:190] == [1] * 40 and m[190:210] == [0] * 20 and m[210:250] == [1] * 40
+    )
+    assert len(m) == 260 and sum(m) == 90
+
+
+def test_update_mfu_measure_runs_on_a_tiny_model() -> None:
+    r = measure("smoke", model_name="tiny", weights="amp", T=256, tokens=256, reps=1, peak=1e9)
+    assert r.rows == 1 and r.T == 256
+    assert r.fwd_bwd_s > 0 and r.tflops > 0 and r.mfu > 0
+
+
+def test_prefix_merging_token_counts_by_hand() -> None:
+    c = layout_costs(4, group=2)
+    # packed: 150 + 4*40 + 3*20 = 370 per episode
+    assert c["packed"]["tokens"] == 2 * 370 and c["packed"]["rows"] == 2
+    # per turn: contexts 150, 210, 270, 330 plus a 40-token action each = 1120 per episode
+    assert c["per_turn"]["tokens"] == 2 * 1120 and c["per_turn"]["rows"] == 8
+    assert c["token_ratio"] == pytest.approx(1120 / 370)
+    assert c["packed"]["action_tokens"] == c["per_turn"]["action_tokens"] == 2 * 160
+    assert 1.0 < c["flop_ratio"] < c["token_ratio"]
+
+
+def test_flowgrpo_side_one_step_on_a_tiny_model() -> None:
+    from benchmarks._common import load_policy
+    from benchmarks.vs_trl import BenchConfig, FlowGRPOSide, bench_tasks
+
+    cfg = BenchConfig(model="tiny", max_completion_tokens=8)
+    model, tok = load_policy("tiny")
+    side = FlowGRPOSide(model, tok, cfg, bench_tasks(2))
+    s = side.step(0)
+    assert s.rows == cfg.num_completions
+    assert 0 < s.completion_tokens <= cfg.num_completions * 8
+    assert s.row_tokens > s.completion_tokens
+    assert set(s.phases) == {"rollout", "reward_adv_rows", "update"}
+
+
+@pytest.mark.slow
+def test_trl_and_flowgrpo_children_multi_turn_tiny() -> None:
+    """Both sides of vs_trl in their own subprocesses, multi-turn, on the tiny model (~2 min)."""
+    for side in ("trl", "flowgrpo"):
+        r = run_child(
+            "benchmarks.vs_trl",
+            ["--task", "multi", "--precision", "bf16", "--model", "tiny", "--steps", "1", "--side", side],
+            env=child_env(),
+        )
+        assert len(r.payload["step_s"]) == 1 and r.payload["completion_tokens"][0] > 0
+        assert r.peak_rss_bytes > 0
