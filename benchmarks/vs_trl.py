@@ -33,13 +33,16 @@ same template (rendered natively by :class:`flowgrpo.chat.ChatFormat`), up to 4 
 tokens each and a context limit of the longest prompt + 128 tokens, so our token budget per episode
 is at least TRL's.
 
-Our step (``FlowGRPOSide.step``) is what the trainer does for one optimizer step: rollout of the
+Our step (``FlowGRPOSide.step``) is one ``flowgrpo.trainer.Trainer.train_step()``: rollout of the
 groups with :class:`~flowgrpo.backends.hf.HFBackend` through :class:`~flowgrpo.rollout.RolloutEngine`,
-rewards (:class:`~flowgrpo.rewards.CompositeReward`), advantages
-(:func:`~flowgrpo.advantages.compute_advantages`, ``flow_grpo``), packed rows
-(:func:`~flowgrpo.batching.build_rows` + :func:`~flowgrpo.batching.micro_batches`), then
-:func:`~flowgrpo.logprobs.action_logprobs` + :func:`~flowgrpo.loss.policy_loss`, backward, clip,
-AdamW step. The modules are wired here directly, the same way ``flowgrpo.trainer`` wires them.
+rewards, ``flow_grpo`` advantages, packed rows, :func:`~flowgrpo.logprobs.action_logprobs` +
+:func:`~flowgrpo.loss.policy_loss`, backward, clip, AdamW step, metrics and the step's trajectories
+written to JSONL. Settings matched to TRL: ``clip_high=0.2`` (TRL's ``epsilon_high`` defaults to
+``epsilon``), ``kl_coef=0`` (no reference model), ``tis="off"``, a constant learning rate, and
+``drop_zero_variance_groups=False`` -- our default skips the update for groups whose rewards are all
+equal (no gradient signal), which would make our step cheaper than TRL's for a reason that is not
+speed; here every completion is trained on, as in TRL. The task stream is replaced by the fixed
+order both sides share.
 
 Measurement: each side runs in its own subprocess per measurement (so peak RSS, from
 ``os.wait4``, is that side's own), sides alternate A/B/B/A..., every child does 1 warm-up step then
@@ -151,104 +154,125 @@ class StepStats:
     completion_tokens: int
     reward_mean: float
     rows: int
-    row_tokens: int
+    train_tokens: int
     phases: dict[str, float] = field(default_factory=dict)
 
 
+class _FixedOrder:
+    """The trainer's task stream replaced by the benchmark's fixed order (the same tasks TRL sees)."""
+
+    def __init__(self, tasks: list[Any], k: int) -> None:
+        self.tasks, self.k, self.i = tasks, k, 0
+
+    def next(self, n: int) -> list[Any]:
+        out = step_tasks(self.tasks, self.i, n)
+        self.i += 1
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"i": self.i}
+
+    def load_state_dict(self, s: dict[str, int]) -> None:
+        self.i = int(s["i"])
+
+
+def train_config(cfg: BenchConfig, tasks: list[Any], tokenizer: Any, out_dir: str) -> Any:
+    """flowgrpo's :class:`~flowgrpo.config.TrainConfig` for ``cfg``, matched to TRL's settings."""
+    from flowgrpo.backends.base import SamplingParams
+    from flowgrpo.config import TrainConfig
+
+    sampling = SamplingParams(temperature=cfg.temperature, top_p=1.0, top_k=0, seed=cfg.seed)
+    if cfg.task == "single":
+        rollout = {"max_turns": 1, "max_new_tokens": cfg.max_completion_tokens, "max_context_tokens": 4096}
+    else:
+        longest = max(len(prompt_ids(cfg, tokenizer, t)) for t in tasks)
+        rollout = {
+            "max_turns": cfg.max_turns,
+            "max_new_tokens": cfg.max_completion_tokens,
+            "max_context_tokens": longest + cfg.max_completion_tokens,
+        }
+    return TrainConfig.model_validate(
+        {
+            "model": {
+                "name": cfg.model,
+                "dtype": "bfloat16" if cfg.precision == "bf16" else "float32",
+                "autocast": "bfloat16" if cfg.precision == "amp" else None,
+            },
+            "env": {"name": "arithmetic"},
+            "rollout": {**rollout, "sampling": sampling.model_dump()},
+            "rewards": [{"name": "accuracy"}],
+            "algorithm": {
+                "estimator": "flow_grpo",
+                "clip_low": 0.2,
+                "clip_high": 0.2,
+                "kl_coef": 0.0,
+                "tis": "off",
+                "agg": "token_mean",
+            },
+            "train": {
+                "steps": 10_000,
+                "tasks_per_step": cfg.prompts_per_step,
+                "group_size": cfg.group_size,
+                "lr": cfg.learning_rate,
+                "weight_decay": 0.0,
+                "betas": (0.9, 0.999),
+                "lr_schedule": "constant",
+                "grad_clip": 1.0,
+                "micro_batch_tokens": 8192,
+                "epochs_per_batch": 1,
+                "minibatches_per_batch": 1,
+                # TRL trains on every completion, so do we (our default skips zero-variance groups).
+                "drop_zero_variance_groups": False,
+                "pack_rows": True,
+                "seed": cfg.seed,
+            },
+            "run": {"output_dir": out_dir, "save_every": 0, "progress": False},
+        }
+    )
+
+
+def prompt_ids(cfg: BenchConfig, tokenizer: Any, task: Any) -> list[int]:
+    """Our rendering of a task's opening prompt (to size the multi-turn context budget)."""
+    from flowgrpo.chat import ChatFormat
+    from flowgrpo.types import Message
+
+    env = make_env(cfg)
+    chat = ChatFormat(tokenizer, tools=list(env.tools), parser=env.parser)
+    return chat.initial_ids(chat.prompt_messages([Message(**m) for m in opening_messages(cfg, task)]))
+
+
 class FlowGRPOSide:
-    """One flowgrpo optimizer step on ``cfg``'s task (see the module docstring for the wiring)."""
+    """flowgrpo's :class:`~flowgrpo.trainer.Trainer` on ``cfg``'s task; :meth:`step` is one
+    ``Trainer.train_step()`` (rollout, rewards, advantages, packed rows, update, metrics and the
+    step's trajectories written to JSONL, as in a real run; no checkpoint, like TRL's
+    ``save_strategy="no"``)."""
 
-    def __init__(self, model: Any, tokenizer: Any, cfg: BenchConfig, tasks: list[Any]) -> None:
-        import torch
+    def __init__(self, model: Any, tokenizer: Any, cfg: BenchConfig, tasks: list[Any], out_dir: str) -> None:
+        from flowgrpo.trainer import Trainer
 
-        from flowgrpo.backends.base import SamplingParams
-        from flowgrpo.backends.hf import HFBackend
-        from flowgrpo.rewards import CompositeReward, RewardSpec
-        from flowgrpo.rollout import RolloutConfig, RolloutEngine
-
-        self.model, self.tok, self.cfg, self.tasks = model, tokenizer, cfg, tasks
-        self.autocast = "bfloat16" if cfg.precision == "amp" else None
-        self.backend = HFBackend(model, tokenizer, max_batch_size=64, autocast_dtype=self.autocast)
-        sampling = SamplingParams(temperature=cfg.temperature, top_p=1.0, top_k=0, seed=cfg.seed)
-        if cfg.task == "single":
-            rc = RolloutConfig(
-                max_turns=1,
-                max_new_tokens=cfg.max_completion_tokens,
-                max_context_tokens=4096,
-                sampling=sampling,
-            )
-        else:
-            longest = max(len(self.prompt_ids(t)) for t in tasks)
-            rc = RolloutConfig(
-                max_turns=cfg.max_turns,
-                max_new_tokens=cfg.max_completion_tokens,
-                max_context_tokens=longest + cfg.max_completion_tokens,
-                sampling=sampling,
-            )
-        self.engine = RolloutEngine(self.backend, tokenizer, rc)
-        self.reward = CompositeReward([RewardSpec(name="accuracy")])
-        self.opt = torch.optim.AdamW(
-            model.parameters(), lr=cfg.learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0
-        )
-        self.token_budget = 8192
-
-    def prompt_ids(self, task: Any) -> list[int]:
-        from flowgrpo.chat import ChatFormat
-        from flowgrpo.types import Message
-
-        env = make_env(self.cfg)
-        chat = ChatFormat(self.tok, tools=list(env.tools), parser=env.parser)
-        msgs = chat.prompt_messages([Message(**m) for m in opening_messages(self.cfg, task)])
-        return chat.initial_ids(msgs)
+        self.cfg = cfg
+        tc = train_config(cfg, tasks, tokenizer, out_dir)
+        self.trainer = Trainer(tc, model=model, tokenizer=tokenizer, env_factory=lambda: make_env(cfg))
+        self.trainer.stream = _FixedOrder(tasks, cfg.prompts_per_step)
 
     def step(self, i: int) -> StepStats:
-        import torch
-
-        from flowgrpo.advantages import compute_advantages
-        from flowgrpo.batching import build_rows, micro_batches
-        from flowgrpo.logprobs import action_logprobs
-        from flowgrpo.loss import policy_loss
-
-        cfg = self.cfg
         t0 = time.perf_counter()
-        tasks = step_tasks(self.tasks, i, cfg.prompts_per_step)
-        groups = self.engine.run_groups(lambda: make_env(cfg), tasks, cfg.group_size, policy_version=i)
-        t_roll = time.perf_counter()
-        self.reward.score_groups(groups)
-        compute_advantages(groups, "flow_grpo")
-        trajs = [t for g in groups for t in g.trajectories]
-        rows = build_rows(trajs)
-        mbs = micro_batches(rows, self.token_budget, agg="token_mean", pad_id=self.backend.pad_id)
-        t_prep = time.perf_counter()
-        self.model.train()
-        dev = next(self.model.parameters()).device
-        for mb in mbs:
-            mb = mb.to(dev)
-            lp, _ = action_logprobs(
-                self.model,
-                mb.input_ids,
-                mb.attention_mask,
-                mb.loss_mask,
-                temperature=cfg.temperature,
-                autocast_dtype=self.autocast,
-            )
-            loss, _ = policy_loss(
-                lp, mb.old_logprobs, mb.advantages, mb.loss_mask, token_weights=mb.token_weights
-            )
-            loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        if dev.type == "cuda":
+        m = self.trainer.train_step()
+        if self.cfg.device.startswith("cuda"):
+            import torch
+
             torch.cuda.synchronize()
-        t1 = time.perf_counter()
         return StepStats(
-            seconds=t1 - t0,
-            completion_tokens=sum(t.num_action_tokens for t in trajs),
-            reward_mean=sum(t.reward for t in trajs) / max(len(trajs), 1),
-            rows=len(rows),
-            row_tokens=sum(len(r) for r in rows),
-            phases={"rollout": t_roll - t0, "reward_adv_rows": t_prep - t_roll, "update": t1 - t_prep},
+            seconds=time.perf_counter() - t0,
+            completion_tokens=int(m["action_tokens"]),
+            reward_mean=float(m["reward_mean"]),
+            rows=int(m.get("groups_trained", 0) * self.cfg.group_size),
+            train_tokens=int(m.get("train_tokens", 0)),
+            phases={
+                "rollout": m["time/rollout_s"],
+                "update": m["time/update_s"],
+                "other": m["time/step_s"] - m["time/rollout_s"] - m["time/update_s"],
+            },
         )
 
 
@@ -268,9 +292,10 @@ def run_flowgrpo(cfg: BenchConfig, steps: int, warmup: int = 1) -> dict[str, Any
     if cfg.task == "multi":
         tok.chat_template = multi_turn_template()
     tasks = bench_tasks(cfg.prompts_per_step * (steps + warmup), cfg.seed)
-    side = FlowGRPOSide(model, tok, cfg, tasks)
-    setup_s = time.perf_counter() - t0
-    stats = [side.step(i) for i in range(warmup + steps)]
+    with tempfile.TemporaryDirectory(prefix="flowgrpo-bench-run-") as out_dir:
+        side = FlowGRPOSide(model, tok, cfg, tasks, out_dir)
+        setup_s = time.perf_counter() - t0
+        stats = [side.step(i) for i in range(warmup + steps)]
     timed = stats[warmup:]
     return {
         "side": "flowgrpo",
@@ -278,7 +303,7 @@ def run_flowgrpo(cfg: BenchConfig, steps: int, warmup: int = 1) -> dict[str, Any
         "step_s": [s.seconds for s in timed],
         "completion_tokens": [s.completion_tokens for s in timed],
         "reward_mean": [s.reward_mean for s in timed],
-        "row_tokens": [s.row_tokens for s in timed],
+        "train_tokens": [s.train_tokens for s in timed],
         "phases": [s.phases for s in timed],
         "warmup_s": [s.seconds for s in stats[:warmup]],
     }

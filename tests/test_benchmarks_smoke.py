@@ -18,7 +18,7 @@ def test_run_child_reports_that_childs_own_peak_rss() -> None:
     big = run_child("benchmarks._common", ["--alloc-mb", "300"], env=child_env())
     assert big.payload["allocated_mb"] == 300
     # 300 MB touched in the child shows in its ru_maxrss; the small child does not inherit it.
-    assert big.peak_rss_bytes - small.peak_rss_bytes > 250 * 1024 * 1024
+    assert big.peak_rss_bytes - small.peak_rss_bytes > 200 * 1024 * 1024
     assert small.peak_rss_bytes < 200 * 1024 * 1024
 
 
@@ -55,7 +55,7 @@ def test_action_mask_row_layout() -> None:
     assert (
         m[:150] == [0] * 150 and m[150:190] == [1] * 40 and m[190:210] == [0] * 20 and m[210:250] == [1] * 40
     )
-    assert len(m) == 260 and sum(m) == 90
+    assert len(m) == 260 and sum(m) == 80 and m[250:] == [0] * 10
 
 
 def test_update_mfu_measure_runs_on_a_tiny_model() -> None:
@@ -75,18 +75,22 @@ def test_prefix_merging_token_counts_by_hand() -> None:
     assert 1.0 < c["flop_ratio"] < c["token_ratio"]
 
 
-def test_flowgrpo_side_one_step_on_a_tiny_model() -> None:
+def test_flowgrpo_side_one_trainer_step_on_a_tiny_model(tmp_path) -> None:
     from benchmarks._common import load_policy
     from benchmarks.vs_trl import BenchConfig, FlowGRPOSide, bench_tasks
 
     cfg = BenchConfig(model="tiny", max_completion_tokens=8)
     model, tok = load_policy("tiny")
-    side = FlowGRPOSide(model, tok, cfg, bench_tasks(2))
+    tasks = bench_tasks(4)
+    side = FlowGRPOSide(model, tok, cfg, tasks, str(tmp_path))
     s = side.step(0)
-    assert s.rows == cfg.num_completions
+    assert s.rows == cfg.num_completions  # every group is trained on, as in TRL
     assert 0 < s.completion_tokens <= cfg.num_completions * 8
-    assert s.row_tokens > s.completion_tokens
-    assert set(s.phases) == {"rollout", "reward_adv_rows", "update"}
+    assert s.train_tokens == s.completion_tokens
+    assert set(s.phases) == {"rollout", "update", "other"}
+    # the fixed task order both sides share: step 0 = tasks 0 and 1
+    trajs = (tmp_path / "trajectories" / "step_000001.jsonl").read_text()
+    assert tasks[0].id in trajs and tasks[1].id in trajs and tasks[2].id not in trajs
 
 
 @pytest.mark.slow
