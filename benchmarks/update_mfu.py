@@ -22,11 +22,13 @@ we count the causal half that is actually computed, which gives the lower (conse
 Embedding lookups, norms, rotary and activation functions are not counted (they are not matmuls);
 they are exactly what compilation can fuse away. MFU = counted FLOPs / seconds / measured peak.
 
-The peak is the best ``2048^3`` matmul rate of the dtype in this process (same threads, same
-moment): bf16 on CPUs with avx512_bf16/AMX, and on GPUs.
+The peak is the best ``2048^3`` matmul rate of the compute dtype in this process (same threads,
+same moment): bf16 for ``bf16``/``amp`` runs, fp32 for ``fp32`` runs.
 
 Configurations (each one a row of the printed table; ``--configs`` picks a subset):
-``amp``: fp32 master weights + bf16 autocast (the trainer's default), ``bf16``: bf16 weights,
+``fp32``: fp32 weights (compared with the fp32 peak; the default on CPUs without avx512_bf16/AMX,
+where bf16 matmuls take a slow fallback path), ``amp``: fp32 master weights + bf16 autocast,
+``bf16``: bf16 weights,
 ``T=...``: row length at a fixed number of tokens per step, ``full-logits``: the model's own
 forward with full-vocabulary logits + log-softmax + gather (what TRL does), ``compile``: each
 decoder layer ``torch.compile``-d (compile time reported separately), ``threads=1``.
@@ -134,8 +136,8 @@ class MFUResult:
     optimizer_s: float
     tflops: float  # counted training FLOPs per fwd+bwd
     achieved_gflops: float
-    mfu: float  # vs the bf16 matmul peak
-    mfu_palm: float  # with PaLM's full-square attention count
+    mfu: float  # vs the matmul peak of the compute dtype (fp32 weights: fp32 peak; bf16/amp: bf16 peak)
+    mfu_palm: float  # the same with PaLM's full-square attention count
     compile_s: float = 0.0
 
 
@@ -151,7 +153,7 @@ def measure(
     threads: int | None = None,
     reps: int = 3,
     device: str = "cpu",
-    peak: float,
+    peak: float | dict[str, float],
 ) -> MFUResult:
     """Time ``reps`` forward+backward passes (after one warm-up) of one configuration."""
     import torch
@@ -162,6 +164,7 @@ def measure(
     prev_threads = torch.get_num_threads()
     n_threads = set_threads(threads) if threads else prev_threads
     model, _ = load_policy(model_name, dtype="bfloat16" if weights == "bf16" else "float32", device=device)
+    peak = peak if isinstance(peak, float) else peak["fp32" if weights == "fp32" else "bf16"]
     model.train()
     autocast = "bfloat16" if weights == "amp" else None
     shape = ModelShape.of(model)
@@ -220,6 +223,12 @@ def measure(
 
 
 CONFIGS: dict[str, dict[str, Any]] = {
+    "fp32-T512": {"weights": "fp32", "T": 512},
+    "fp32-T512-full-logits": {"weights": "fp32", "T": 512, "full_logits": True},
+    "fp32-T128": {"weights": "fp32", "T": 128},
+    "fp32-T2048": {"weights": "fp32", "T": 2048},
+    "fp32-T512-compile": {"weights": "fp32", "T": 512, "compile": True},
+    "fp32-T512-threads1": {"weights": "fp32", "T": 512, "threads": 1},
     "amp-T512": {"weights": "amp", "T": 512},
     "amp-T512-full-logits": {"weights": "amp", "T": 512, "full_logits": True},
     "bf16-T512": {"weights": "bf16", "T": 512},
@@ -231,6 +240,12 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "bf16-T512-threads1": {"weights": "bf16", "T": 512, "threads": 1},
 }
 QUICK = ["amp-T512", "bf16-T512", "bf16-T2048"]
+QUICK_FP32 = ["fp32-T512", "fp32-T512-full-logits", "fp32-T2048"]
+
+
+def default_configs(fast_bf16: bool) -> list[str]:
+    """bf16/amp configurations where bf16 matmuls are fast, fp32 ones elsewhere (AVX2-only CPUs)."""
+    return [n for n, c in CONFIGS.items() if (c["weights"] != "fp32") == fast_bf16]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -247,17 +262,28 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     set_threads(a.threads)
-    names = QUICK if a.quick else (a.configs.split(",") if a.configs else list(CONFIGS))
+    from benchmarks._common import bf16_supported
+
+    fast_bf16 = bf16_supported(a.device)
+    if a.configs:
+        names = a.configs.split(",")
+    elif a.quick:
+        names = QUICK if fast_bf16 else QUICK_FP32
+    else:
+        names = default_configs(fast_bf16)
     reps = 2 if a.quick else a.reps
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
         p.error(f"unknown configs {unknown}; choose from {list(CONFIGS)}")
     info = machine_info()
-    peak_bf16 = matmul_peak("bfloat16", device=a.device)
+    # A slow bf16 fallback (AVX2-only CPU) would take minutes at 2048^3: measure it smaller there.
+    peak_bf16 = matmul_peak(
+        "bfloat16", n=2048 if fast_bf16 else 256, iters=6 if fast_bf16 else 1, device=a.device
+    )
     peak_fp32 = matmul_peak("float32", device=a.device)
     print(
         f"machine: {info.get('cpu') or info.get('gpu')}, {torch.get_num_threads()} threads; matmul peak "
-        f"bf16 {peak_bf16 / 1e9:.0f} GFLOP/s, fp32 {peak_fp32 / 1e9:.0f} GFLOP/s",
+        f"bf16 {peak_bf16 / 1e9:.1f} GFLOP/s, fp32 {peak_fp32 / 1e9:.0f} GFLOP/s (fast bf16: {fast_bf16})",
         flush=True,
     )
     results = []

@@ -16,7 +16,10 @@ What is identical on both sides
 - the accuracy reward (``flowgrpo.rewards.AccuracyReward`` on the final ``<answer>`` tag);
 - the environment: ``GLIBC_TUNABLES`` malloc tuning (see :mod:`benchmarks._common`), 2 threads.
 
-Precision modes (``--precision``)
+Precision modes (``--precision``; ``auto`` = ``bf16`` and ``amp`` where bf16 matmuls are fast --
+a CUDA GPU or a CPU with avx512_bf16/AMX -- else ``fp32``)
+- ``fp32``: fp32 weights, no autocast, on both sides (the only sensible setting on an AVX2-only
+  CPU, where PyTorch's bf16 matmul falls back to a path ~300x slower than fp32).
 - ``bf16``: model weights in bfloat16 on both sides (TRL's fastest setting here; pure-bf16 weights
   barely move at lr 1e-6, so this is a speed figure only).
 - ``amp``: fp32 master weights + bf16 autocast on both sides (TRL ``bf16=True``; ours
@@ -49,9 +52,9 @@ Measurement: each side runs in its own subprocess per measurement (so peak RSS, 
 ``--steps`` timed steps; medians are over all timed steps of a side. The machine is shared (2
 cores, other jobs running): quote the ratio, not the absolute seconds.
 
-    python -m benchmarks.vs_trl --task single --precision all     # ~5 min
-    python -m benchmarks.vs_trl --task multi --precision bf16     # ~6 min
-    python -m benchmarks.vs_trl --quick                           # ~2 min, single, bf16, 1 round
+    python -m benchmarks.vs_trl --task single        # 2 rounds x 3 timed steps per side
+    python -m benchmarks.vs_trl --task multi
+    python -m benchmarks.vs_trl --quick              # 1 round x 2 timed steps, single-turn
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ if __package__ in (None, ""):  # `python benchmarks/vs_trl.py` as well as `pytho
 
 from benchmarks._common import (
     ChildResult,
+    bf16_supported,
     child_env,
     fmt_table,
     load_policy,
@@ -88,7 +92,7 @@ class BenchConfig:
     """The settings both sides share."""
 
     task: str = "single"  # single | multi
-    precision: str = "bf16"  # bf16 | amp
+    precision: str = "fp32"  # fp32 | bf16 | amp
     model: str = "smollm2-135m"
     device: str = "cpu"
     prompts_per_step: int = 2
@@ -531,12 +535,17 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--task", choices=["single", "multi", "all"], default="single")
-    p.add_argument("--precision", choices=["bf16", "amp", "all"], default="bf16")
+    p.add_argument(
+        "--precision",
+        choices=["auto", "fp32", "bf16", "amp", "all"],
+        default="auto",
+        help="auto: bf16+amp where bf16 is fast (GPU, avx512_bf16/AMX CPU), else fp32; all: all three",
+    )
     p.add_argument("--model", default="smollm2-135m", help="smollm2-135m | random-0.5b (GPU) | tiny")
     p.add_argument("--device", default="cpu")
     p.add_argument("--rounds", type=int, default=2, help="A/B rounds (each side once per round)")
     p.add_argument("--steps", type=int, default=3, help="timed steps per child (after 1 warm-up)")
-    p.add_argument("--quick", action="store_true", help="1 round of 2 timed steps, single-turn, bf16")
+    p.add_argument("--quick", action="store_true", help="1 round of 2 timed steps, single-turn")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-malloc-tuning", action="store_true")
@@ -565,10 +574,17 @@ def main(argv: list[str] | None = None) -> int:
         a.rounds, a.steps = 1, 2
         if a.task == "all":
             a.task = "single"
-        if a.precision == "all":
-            a.precision = "bf16"
+    fast_bf16 = bf16_supported(a.device)
+    if a.precision == "auto":
+        precs = (["bf16"] if a.quick else ["bf16", "amp"]) if fast_bf16 else ["fp32"]
+    else:
+        precs = ["fp32", "bf16", "amp"] if a.precision == "all" else [a.precision]
+    if not fast_bf16 and any(p_ in ("bf16", "amp") for p_ in precs):
+        print(
+            "warning: this CPU has no avx512_bf16/AMX: bf16 matmuls take a slow fallback path here; "
+            "bf16/amp figures will be dominated by it (use --precision fp32)"
+        )
     tasks = ["single", "multi"] if a.task == "all" else [a.task]
-    precs = ["bf16", "amp"] if a.precision == "all" else [a.precision]
     info = machine_info()
     print(
         f"machine: {info.get('cpu')} ({info.get('cores')} cores), torch {info.get('torch')}, "

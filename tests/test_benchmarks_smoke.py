@@ -59,7 +59,9 @@ def test_action_mask_row_layout() -> None:
 
 
 def test_update_mfu_measure_runs_on_a_tiny_model() -> None:
-    r = measure("smoke", model_name="tiny", weights="amp", T=256, tokens=256, reps=1, peak=1e9)
+    r = measure(
+        "smoke", model_name="tiny", weights="fp32", T=256, tokens=256, reps=1, peak={"fp32": 1e9, "bf16": 1e9}
+    )
     assert r.rows == 1 and r.T == 256
     assert r.fwd_bwd_s > 0 and r.tflops > 0 and r.mfu > 0
 
