@@ -151,6 +151,98 @@ def _run_tools(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set train.lr=1e-5 --set rollout.max_turns=3 (repeatable)",
+    )
+
+
+def _load(config: str, overrides: list[str]):
+    """A TrainConfig from a YAML file or a run directory (its config.yaml), plus overrides."""
+    from pathlib import Path
+
+    from flowgrpo.config import load_config
+
+    path = Path(config)
+    if path.is_dir():
+        if not (path / "config.yaml").is_file():
+            raise SystemExit(
+                f"{path} is a directory without config.yaml: pass a config file or a run directory"
+            )
+        overrides = [f"run.output_dir={path}", *overrides]
+        path = path / "config.yaml"
+    return load_config(path, overrides)
+
+
+def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "train",
+        help="train a policy: held-out eval, (warm start), Flow-GRPO steps, held-out eval, plot + report",
+        description="Run the main job for CONFIG (YAML): evaluate the untrained policy on held-out tasks, "
+        "train (optional supervised warm start on oracle demonstrations, then Flow-GRPO), evaluate again, "
+        "and write RUN/{metrics,eval}.jsonl, trajectories, checkpoints, plot.png and report.html. "
+        "Ctrl-C checkpoints and stops; run again with --set run.resume=true to continue.",
+    )
+    p.add_argument("config", help="YAML config file (see examples/) or an existing run directory")
+    _config_args(p)
+    p.add_argument("--eval-n", type=int, default=100, help="held-out tasks evaluated before/after (0: skip)")
+    p.add_argument("--no-report", action="store_true", help="skip plot.png and report.html")
+    p.set_defaults(func=_run_train)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from flowgrpo.config import ConfigError
+    from flowgrpo.pipeline import train_and_evaluate
+
+    try:
+        cfg = _load(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = train_and_evaluate(cfg, eval_n=args.eval_n or None, report=not args.no_report)
+    return 0 if out["train"].get("status") in ("finished", "interrupted") else 1
+
+
+def add_eval_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "eval",
+        help="evaluate a run's latest checkpoint (or a config's untrained model) on a split",
+        description="Accuracy, mean turns, valid tool-call rate and termination counts on N tasks of a split, "
+        "one greedy episode per task.",
+    )
+    p.add_argument(
+        "config", help="a run directory (its latest checkpoint) or a YAML config (untrained model)"
+    )
+    _config_args(p)
+    p.add_argument("--split", choices=["train", "test"], default="test")
+    p.add_argument("--n", type=int, default=100, help="number of tasks (default 100)")
+    p.add_argument(
+        "--sample", action="store_true", help="sample at the config's temperature instead of greedy"
+    )
+    p.add_argument("--checkpoint", help="a checkpoint directory (default: the run's latest)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=_run_eval)
+
+
+def _run_eval(args: argparse.Namespace) -> int:
+    from flowgrpo.config import ConfigError
+    from flowgrpo.pipeline import evaluate_run, format_eval
+
+    try:
+        cfg = _load(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    rec = evaluate_run(cfg, split=args.split, n=args.n, greedy=not args.sample, checkpoint=args.checkpoint)
+    print(json.dumps(rec) if args.json else format_eval(rec))
+    return 0
+
+
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "serve",
@@ -158,11 +250,16 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Serve a model with the hf backend over an OpenAI-compatible API (vLLM dialect: token-id "
         "prompts, token ids and processed logprobs in completions). A development server: no auth, no streaming.",
     )
-    p.add_argument("--model", default="smollm2-135m",
-                   help="embedded model name, local HF directory, .gguf file, or 'tiny' (a random test model)")
+    p.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="embedded model name, local HF directory, .gguf file, or 'tiny' (a random test model)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (0 picks a free one; default 8000)")
-    p.add_argument("--autocast", choices=["bfloat16", "float16"], help="decode under autocast over fp32 weights")
+    p.add_argument(
+        "--autocast", choices=["bfloat16", "float16"], help="decode under autocast over fp32 weights"
+    )
     p.add_argument("--max-batch-size", type=int, default=64, help="prompts decoded together (default 64)")
     p.add_argument("--served-model-name", help="the model id clients use (default: --model)")
     p.set_defaults(func=_run_serve)
@@ -171,13 +268,21 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
 def _run_serve(args: argparse.Namespace) -> int:
     from flowgrpo.serve import main as serve_main
 
-    return serve_main(args.model, host=args.host, port=args.port, autocast=args.autocast,
-                      max_batch_size=args.max_batch_size, model_name=args.served_model_name)
+    return serve_main(
+        args.model,
+        host=args.host,
+        port=args.port,
+        autocast=args.autocast,
+        max_batch_size=args.max_batch_size,
+        model_name=args.served_model_name,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="flowgrpo", description=_first_line(__doc__))
     subparsers = parser.add_subparsers(dest="command")
+    add_train_parser(subparsers)
+    add_eval_parser(subparsers)
     add_replay_parser(subparsers)
     add_report_parser(subparsers)
     add_envs_parser(subparsers)
