@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
                 tokens=a.tokens,
                 reps=reps,
                 device=a.device,
-                peak=peak_bf16,
+                peak={"bf16": peak_bf16, "fp32": peak_fp32},
                 **CONFIGS[n],
             )
             results.append(r)
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
                 "AdamW s",
                 "TFLOP",
                 "GFLOP/s",
-                "MFU (bf16 peak)",
+                "MFU (own dtype peak)",
                 "MFU PaLM-count",
                 "compile s",
             ],

@@ -549,6 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-malloc-tuning", action="store_true")
+    p.add_argument("--child-timeout", type=float, default=1800, help="seconds before a child is killed")
     p.add_argument("--json", default=None, help="write the summaries here")
     # child mode
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -602,7 +603,15 @@ def main(argv: list[str] | None = None) -> int:
                 threads=a.threads,
                 max_completion_tokens=64 if task == "single" else 128,
             )
-            results.append(compare(cfg, rounds=a.rounds, steps=a.steps, malloc_tuned=not a.no_malloc_tuning))
+            results.append(
+                compare(
+                    cfg,
+                    rounds=a.rounds,
+                    steps=a.steps,
+                    malloc_tuned=not a.no_malloc_tuning,
+                    timeout_s=a.child_timeout,
+                )
+            )
     rows = []
     for r in results:
         c = r["config"]
