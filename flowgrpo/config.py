@@ -35,8 +35,10 @@ class ModelConfig(_Section):
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="weight dtype; keep float32 master weights (bf16 weights barely learn)"
     )
-    autocast: Literal["bfloat16", "float16"] | None = Field(
-        "bfloat16", description="autocast dtype for forward passes (rollout and training); null = off"
+    autocast: Literal["auto", "bfloat16", "float16"] | None = Field(
+        "auto",
+        description="autocast dtype for forward passes (rollout and training); null = off; auto = bfloat16 "
+        "on CUDA or a CPU with native bf16 (AVX512-BF16/AMX), else off (emulated bf16 is slower than fp32)",
     )
     device: str | None = None
 

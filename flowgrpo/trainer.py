@@ -38,6 +38,7 @@ import math
 import random
 import signal
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -50,7 +51,7 @@ from flowgrpo.batching import MicroBatch, Row, build_rows, micro_batches
 from flowgrpo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, seed_everything
 from flowgrpo.config import TrainConfig, dump_config
 from flowgrpo.env import Environment
-from flowgrpo.logprobs import action_logprobs
+from flowgrpo.logprobs import action_logprobs, resolve_autocast
 from flowgrpo.loss import policy_loss, sft_loss, truncated_is_weights
 from flowgrpo.metrics import MetricsLogger, rollout_stats
 from flowgrpo.types import Task, Trajectory, TrajectoryGroup
@@ -166,7 +167,9 @@ class Trainer:
         self.reward = reward
         # The KL anchor: skipped entirely (no copy, no forward) when kl_coef is 0.
         self.ref_model = frozen_reference(model) if cfg.algorithm.kl_coef > 0 else None
-        self.backend = HFBackend(model, tokenizer, autocast_dtype=cfg.model.autocast)
+        device_type = next(model.parameters()).device.type
+        self.autocast = resolve_autocast(cfg.model.autocast, device_type)
+        self.backend = HFBackend(model, tokenizer, autocast_dtype=self.autocast)
         self.engine = RolloutEngine(self.backend, tokenizer, cfg.rollout)
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
@@ -259,7 +262,9 @@ class Trainer:
         t1 = time.monotonic()
         upd = self.update(trajs)
         t_update = time.monotonic() - t1
-        self.scheduler.step()
+        with warnings.catch_warnings():  # a step whose update was skipped still advances the schedule
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+            self.scheduler.step()
         self.step += 1
         if cfg.run.save_trajectories:
             self._save_trajectories(groups)
@@ -386,7 +391,7 @@ class Trainer:
             mb.attention_mask,
             mb.loss_mask,
             temperature=self._temperature,
-            autocast_dtype=self.cfg.model.autocast,
+            autocast_dtype=self.autocast,
             chunk_size=self.cfg.train.logprob_chunk,
             with_entropy=with_entropy,
         )
@@ -554,8 +559,15 @@ class Trainer:
 
 
 def train(config: TrainConfig) -> dict[str, Any]:
-    """Build a :class:`Trainer` from ``config`` and run it (the ``flowgrpo train`` command)."""
+    """Build a :class:`Trainer` from ``config`` and run it."""
     return Trainer(config).train()
 
 
-__all__ = ["TaskStream", "Trainer", "frozen_reference", "lr_lambda", "train"]
+def train_from_args(config_path: str | None, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """The ``flowgrpo train CONFIG [--set key=value ...]`` command: load, report errors, run."""
+    from flowgrpo.config import load_config
+
+    return train(load_config(config_path, list(overrides)))
+
+
+__all__ = ["TaskStream", "Trainer", "frozen_reference", "lr_lambda", "train", "train_from_args"]

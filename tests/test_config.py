@@ -66,7 +66,9 @@ def test_override_values_are_yaml():
 
 def test_defaults():
     cfg = TrainConfig()
-    assert cfg.model.dtype == "float32" and cfg.model.autocast == "bfloat16"  # fp32 master + bf16 autocast
+    assert (
+        cfg.model.dtype == "float32" and cfg.model.autocast == "auto"
+    )  # fp32 master (+ bf16 autocast where fast)
     assert cfg.algorithm.clip_high >= cfg.algorithm.clip_low
 
 
