@@ -51,7 +51,8 @@ from flowgrpo.batching import MicroBatch, Row, build_rows, micro_batches
 from flowgrpo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, seed_everything
 from flowgrpo.config import TrainConfig, dump_config
 from flowgrpo.env import Environment
-from flowgrpo.logprobs import action_logprobs, resolve_autocast
+from flowgrpo.hardware import resolve_autocast
+from flowgrpo.logprobs import action_logprobs
 from flowgrpo.loss import policy_loss, sft_loss, truncated_is_weights
 from flowgrpo.metrics import MetricsLogger, rollout_stats
 from flowgrpo.types import Task, Trajectory, TrajectoryGroup

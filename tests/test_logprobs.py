@@ -86,11 +86,3 @@ def test_reference_logprobs_have_no_graph_and_empty_mask(model):
     bad[0, 0] = 1
     with pytest.raises(ValueError, match="no context"):
         action_logprobs(model, ids, attn, bad)
-
-
-def test_resolve_autocast():
-    from flowgrpo.logprobs import cpu_has_fast_bf16, resolve_autocast
-
-    assert resolve_autocast("bfloat16") == "bfloat16" and resolve_autocast(None) is None
-    assert resolve_autocast("auto", "cuda") == "bfloat16"
-    assert resolve_autocast("auto", "cpu") == ("bfloat16" if cpu_has_fast_bf16() else None)
