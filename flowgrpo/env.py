@@ -33,18 +33,18 @@ it answers no call and chat templates without tool support render ``user`` every
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
 import math
 import threading
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import entry_points
-from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from flowgrpo.aio import run_sync
 from flowgrpo.tool import Tool, execute_tool_calls, to_openai_schema
 from flowgrpo.types import Message, ParsedAction, Task, ToolCall
 
@@ -314,31 +314,6 @@ class EnvCheckError(AssertionError):
     """An environment that breaks the protocol; the message lists every problem found."""
 
 
-_T = TypeVar("_T")
-
-
-def _run_sync(coro: Coroutine[Any, Any, _T]) -> _T:
-    """asyncio.run, also from inside a running loop (then in a worker thread)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["v"] = asyncio.run(coro)
-        except BaseException as e:
-            box["e"] = e
-
-    th = threading.Thread(target=target)
-    th.start()
-    th.join()
-    if "e" in box:
-        raise box["e"]
-    return box["v"]
-
-
 def _check_step_result(r: Any, where: str, problems: list[str]) -> bool:
     if not isinstance(r, StepResult):
         problems.append(f"{where}: step() must return a StepResult, got {type(r).__name__}")
@@ -562,7 +537,7 @@ def check_environment(
     check_oracle: bool = True,
 ) -> list[str]:
     """Synchronous :func:`acheck_environment` (works inside a running event loop too)."""
-    return _run_sync(
+    return run_sync(
         acheck_environment(
             env, make_env=make_env, max_tasks_checked=max_tasks_checked, check_oracle=check_oracle
         )

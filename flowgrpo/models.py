@@ -78,8 +78,14 @@ def _resolve_dtype(dtype: Any):
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype or torch.float32
     try:
-        return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-                "float16": torch.float16, "fp16": torch.float16}[str(dtype)]
+        return {
+            "float32": torch.float32,
+            "fp32": torch.float32,
+            "bfloat16": torch.bfloat16,
+            "bf16": torch.bfloat16,
+            "float16": torch.float16,
+            "fp16": torch.float16,
+        }[str(dtype)]
     except KeyError:
         raise ModelLoadError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16") from None
 
@@ -184,7 +190,7 @@ def load_model(
 
 _TINY_CORPUS = (
     "The quick brown fox jumps over the lazy dog. What is 12 + 7? The answer is 19. "
-    "<tool_call> {\"name\": \"calculator\", \"arguments\": {\"expression\": \"3*4\"}} </tool_call> "
+    '<tool_call> {"name": "calculator", "arguments": {"expression": "3*4"}} </tool_call> '
     "<answer>42</answer> user assistant system tool search code result error Alice Bob 0123456789 "
 )
 

@@ -40,11 +40,12 @@ import re
 import string
 import threading
 from collections import Counter
-from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from flowgrpo.aio import run_sync
 from flowgrpo.types import Message, Task, Trajectory, TrajectoryGroup
 
 log = logging.getLogger(__name__)
@@ -67,31 +68,6 @@ class RewardSpec(BaseModel):
     name: str
     weight: float = 1.0
     kwargs: dict[str, Any] = Field(default_factory=dict)
-
-
-_T = TypeVar("_T")
-
-
-def _run_sync(coro: Coroutine[Any, Any, _T]) -> _T:
-    """asyncio.run, also from inside a running loop (then in a worker thread)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["v"] = asyncio.run(coro)
-        except BaseException as e:
-            box["e"] = e
-
-    th = threading.Thread(target=target)
-    th.start()
-    th.join()
-    if "e" in box:
-        raise box["e"]
-    return box["v"]
 
 
 def final_text(traj: Trajectory) -> str:
@@ -320,9 +296,9 @@ class Reward:
     def __call__(self, *args: Any) -> Any:
         if self.per_group:
             (group,) = args
-            return _run_sync(self.ascore_group(group))
+            return run_sync(self.ascore_group(group))
         traj, task = args
-        return _run_sync(self.ascore(traj, task))
+        return run_sync(self.ascore(traj, task))
 
 
 AnswerType = Literal["auto", "math", "text", "code"]
@@ -377,7 +353,7 @@ class AccuracyReward(Reward):
         return self.score_answer(answer, task)
 
     def score(self, traj: Trajectory, task: Task) -> float:
-        return _run_sync(self.ascore(traj, task))
+        return run_sync(self.ascore(traj, task))
 
 
 class FormatReward(Reward):
@@ -707,7 +683,7 @@ class JudgeReward(Reward):
         return out
 
     def score(self, traj: Trajectory, task: Task) -> float:
-        return _run_sync(self.ascore(traj, task))
+        return run_sync(self.ascore(traj, task))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -930,7 +906,7 @@ class CompositeReward:
                 t.reward = float(sum(s.weight * t.reward_breakdown[s.name] for s in self.specs))
 
     def score_groups(self, groups: Sequence[TrajectoryGroup]) -> None:
-        _run_sync(self.ascore_groups(groups))
+        run_sync(self.ascore_groups(groups))
 
     def __call__(self, group: TrajectoryGroup) -> list[float]:
         self.score_groups([group])

@@ -30,13 +30,13 @@ import functools
 import inspect
 import json
 import re
-import threading
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import Any, Protocol, get_type_hints, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from flowgrpo.aio import run_sync
 from flowgrpo.types import Message, ToolCall
 
 ENTRY_POINT_GROUP = "flowgrpo.tools"
@@ -395,28 +395,6 @@ def from_langchain(base_tool: Any, *, timeout_s: float | None = None) -> LangCha
     return LangChainTool(base_tool, timeout_s=timeout_s)
 
 
-def _run_sync(coro: Awaitable[Any]) -> Any:
-    """Run a coroutine from sync code, also when this thread already runs an event loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)  # type: ignore[arg-type]
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = asyncio.run(coro)  # type: ignore[arg-type]
-        except BaseException as e:
-            box["error"] = e
-
-    t = threading.Thread(target=target)
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
 def to_langchain(t: Tool) -> Any:
     """Wrap a flowgrpo :class:`Tool` as a langchain-core ``StructuredTool`` (sync and async).
 
@@ -434,7 +412,7 @@ def to_langchain(t: Tool) -> Any:
         return out.content, out.artifact
 
     def call(**kwargs: Any) -> tuple[str, Any]:
-        return _run_sync(acall(**kwargs))
+        return run_sync(acall(**kwargs))
 
     return StructuredTool.from_function(
         func=call,

@@ -38,13 +38,13 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import threading
 import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from flowgrpo.aio import run_sync
 from flowgrpo.tool import ToolError, ToolOutput
 
 log = logging.getLogger(__name__)
@@ -383,12 +383,13 @@ async def arun_python(
         over = asyncio.Event()
 
         async def pump(stream: asyncio.StreamReader, key: str) -> None:
+            # Read to EOF even past the cap (discarding): on Python 3.11 Process.wait() resolves only
+            # once every pipe is closed, and a reader that stops would pause the transport forever.
             while chunk := await stream.read(65536):
                 room = limits.max_output_bytes - len(out["stdout"]) - len(out["stderr"])
                 out[key] += chunk[: max(room, 0)]
                 if room < len(chunk):
                     over.set()
-                    return
 
         pumps = [
             asyncio.create_task(pump(proc.stdout, "stdout")),
@@ -403,7 +404,8 @@ async def arun_python(
             limit_hit = "output" if over.is_set() else "wall"
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            await waiter
+            await asyncio.wait({waiter}, timeout=10)
+            waiter.cancel()  # a no-op once it is done
         over_task.cancel()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # stragglers in our process group
@@ -458,24 +460,7 @@ def run_python(
     code: str, limits: SandboxLimits | None = None, *, files: Mapping[str, str | bytes] | None = None
 ) -> SandboxResult:
     """Synchronous :func:`arun_python` (usable from inside a running event loop too)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(arun_python(code, limits, files=files))
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["r"] = asyncio.run(arun_python(code, limits, files=files))
-        except BaseException as e:
-            box["e"] = e
-
-    th = threading.Thread(target=target)
-    th.start()
-    th.join()
-    if "e" in box:
-        raise box["e"]
-    return box["r"]
+    return run_sync(arun_python(code, limits, files=files))
 
 
 _LIMIT_TEXT = {
