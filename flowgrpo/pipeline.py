@@ -72,6 +72,15 @@ def train_and_evaluate(cfg: TrainConfig, *, eval_n: int | None = 100, report: bo
         )
         _append_jsonl(evals, before)
         print(format_eval(before), flush=True)
+    if cfg.sft.enabled and trainer.step == 0 and not trainer.counters["sft_done"]:
+        print(f"warm start: supervised epochs on {cfg.sft.tasks} oracle demonstrations ...", flush=True)
+        trainer.warm_start()
+        trainer.save()  # a crash during RL resumes after the warm start, not before it
+        if eval_n:
+            # Separates what the warm start taught from what Flow-GRPO adds afterwards.
+            mid = eval_record(trainer.evaluate("test", eval_n), step=0, split="test", label="warm")
+            _append_jsonl(evals, mid)
+            print(format_eval(mid), flush=True)
     result = trainer.train()
     after = None
     if eval_n:
@@ -87,13 +96,14 @@ def train_and_evaluate(cfg: TrainConfig, *, eval_n: int | None = 100, report: bo
     print(
         f"\nrun directory: {trainer.out}  ({wall / 60:.1f} min, {result.get('status')} at step {trainer.step})"
     )
-    if before:
-        print(format_eval(before))
+    for rec in _read_jsonl(evals):
+        if rec.get("label") in ("before", "warm"):
+            print(format_eval(rec))
     if after:
         print(format_eval(after))
     if before and after:
         print(
-            f"held-out accuracy: {before['accuracy']:.3f} -> {after['accuracy']:.3f} "
+            f"held-out accuracy (greedy, same prompts): {before['accuracy']:.3f} -> {after['accuracy']:.3f} "
             f"({100 * (after['accuracy'] - before['accuracy']):+.1f} points)"
         )
     return {"before": before, "after": after, "train": result, "wall_s": wall}
