@@ -31,7 +31,7 @@ fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 if ! "$PY" -c "import torch" >/dev/null 2>&1; then
   echo "[bootstrap] installing $TORCH_SPEC"
-  "$PY" -m pip install -q "$TORCH_SPEC"
+  "$PY" -m pip install -q "$TORCH_SPEC" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 fi
 TORCH_PIN="torch==$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')"
 echo "[bootstrap] installing flowgrpo[$EXTRAS] (torch kept at $TORCH_PIN)"
