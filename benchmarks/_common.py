@@ -120,15 +120,29 @@ def run_child(
                 f"benchmark child `{' '.join(cmd[2:])}` failed with exit code {proc.returncode}; "
                 f"last output:\n{tail}"
             )
-        return ChildResult(payload, int(rusage.ru_maxrss) * 1024, wall, proc.returncode, tail)
+        # ru_maxrss survives exec: a child forked from a big parent (pytest with torch loaded) starts
+        # at the parent's RSS. VmHWM belongs to the exec'd image, so the child's own report wins.
+        peak = payload.pop("_vmhwm_bytes", None) or int(rusage.ru_maxrss) * 1024
+        return ChildResult(payload, int(peak), wall, proc.returncode, tail)
 
 
 def write_child_result(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> None:
     """The child's side of :func:`run_child`: write the JSON payload atomically."""
     p = Path(path)
     tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(payload))
+    tmp.write_text(json.dumps({**payload, "_vmhwm_bytes": _vmhwm_bytes()}))
     os.replace(tmp, p)
+
+
+def _vmhwm_bytes() -> int | None:
+    """This process's peak resident set (``VmHWM``), which, unlike ``ru_maxrss``, starts afresh at exec."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def median(xs: Sequence[float]) -> float:

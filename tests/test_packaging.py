@@ -15,7 +15,18 @@ ROOT = Path(__file__).resolve().parents[1]
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+            str(ROOT),
+        ],
         check=True,
         capture_output=True,
     )
@@ -28,7 +39,9 @@ def test_wheel_maps_tools_and_envs_under_flowgrpo(wheel):
     assert "flowgrpo/tools/__init__.py" in names
     assert "flowgrpo/envs/__init__.py" in names
     assert not any(n.startswith(("tools/", "envs/", "tests/")) for n in names), names
-    entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    entry_points = (
+        zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    )
     assert "[flowgrpo.envs]" in entry_points and "[console_scripts]" in entry_points
 
 
