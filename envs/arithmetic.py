@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from flowgrpo.env import Split, Task, ToolEnv, render_tool_call, tool_results
+from flowgrpo.env import Split, Task, TaskOracle, ToolEnv, render_tool_call, tool_results
 from flowgrpo.types import Message
 
 SYSTEM_PROMPT = (
@@ -174,17 +174,11 @@ def _number_text(text: str) -> str | None:
     return str(round(x)) if abs(x - round(x)) < 1e-9 else nums[-1].replace(",", "")
 
 
-class ArithmeticOracle:
+class ArithmeticOracle(TaskOracle):
     """Calls the calculator once with the whole problem's expression, then answers with its output."""
 
-    def __init__(self, tasks: list[Task]) -> None:
-        self._by_prompt = {t.prompt: t for t in tasks}
-
     async def act(self, messages: list[Message]) -> str:
-        prompt = next(m.content for m in messages if m.role == "user")
-        task = self._by_prompt.get(prompt)
-        if task is None:
-            raise KeyError("the arithmetic oracle only knows this environment's tasks")
+        task = self.task_for(messages)
         results = [m for m in tool_results(messages) if m.name == "calculator"]
         if results and not results[-1].content.startswith("Error"):
             value = _number_text(results[-1].content)

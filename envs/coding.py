@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from flowgrpo.env import Split, Task, ToolEnv, render_tool_call, tool_results
+from flowgrpo.env import Split, Task, TaskOracle, ToolEnv, render_tool_call, tool_results
 from flowgrpo.types import Message
 
 SYSTEM_PROMPT = (
@@ -77,17 +77,11 @@ def format_code_answer(code: str) -> str:
     return f"<answer>\n```python\n{code.rstrip()}\n```\n</answer>"
 
 
-class CodingOracle:
+class CodingOracle(TaskOracle):
     """Runs the reference solution against a smoke test in the real sandbox, then answers with it."""
 
-    def __init__(self, tasks: list[Task]) -> None:
-        self._by_prompt = {t.prompt: t for t in tasks}
-
     async def act(self, messages: list[Message]) -> str:
-        prompt = next(m.content for m in messages if m.role == "user")
-        task = self._by_prompt.get(prompt)
-        if task is None:
-            raise KeyError("the coding oracle only knows this environment's tasks")
+        task = self.task_for(messages)
         solution: str = task.metadata["solution"]
         if not [m for m in tool_results(messages) if m.name == "python"]:
             entry = task.metadata.get("entry_point") or "solution"

@@ -19,7 +19,7 @@ import random
 import re
 from typing import Any
 
-from flowgrpo.env import Split, Task, ToolEnv, render_tool_call, tool_results
+from flowgrpo.env import Split, Task, TaskOracle, ToolEnv, render_tool_call, tool_results
 from flowgrpo.types import Message
 
 SYSTEM_PROMPT = (
@@ -188,18 +188,12 @@ def extract_fact(text: str, subject: str, relation: str) -> str | None:
     return m.group(1).strip() if m else None
 
 
-class MultihopOracle:
+class MultihopOracle(TaskOracle):
     """Follows the question's relation chain with one search per hop, reading each hop's answer
     from the search results it sees (never from the knowledge base), then answers."""
 
-    def __init__(self, tasks: list[Task]) -> None:
-        self._by_prompt = {t.prompt: t for t in tasks}
-
     async def act(self, messages: list[Message]) -> str:
-        prompt = next(m.content for m in messages if m.role == "user")
-        task = self._by_prompt.get(prompt)
-        if task is None:
-            raise KeyError("the multihop oracle only knows this environment's tasks")
+        task = self.task_for(messages)
         chain: list[str] = task.metadata["chain"]
         entity: str = task.metadata["subject"]
         hop = 0

@@ -86,6 +86,21 @@ class Oracle(Protocol):
     async def act(self, messages: list[Message]) -> str: ...
 
 
+class TaskOracle:
+    """Base for oracles that know their environment's tasks (gold answers, reference solutions) and
+    recognise the current one by its prompt, the first user message of the conversation."""
+
+    def __init__(self, tasks: Sequence[Task]) -> None:
+        self._by_prompt = {t.prompt: t for t in tasks}
+
+    def task_for(self, messages: list[Message]) -> Task:
+        prompt = next((m.content for m in messages if m.role == "user"), None)
+        task = self._by_prompt.get(prompt) if prompt is not None else None
+        if task is None:
+            raise KeyError(f"{type(self).__name__} only knows its own environment's tasks")
+        return task
+
+
 class EnvError(RuntimeError):
     """Misuse of an environment (step before reset, step after the episode ended...)."""
 
