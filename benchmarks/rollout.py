@@ -3,7 +3,8 @@
 Run: ``python benchmarks/rollout.py [--n 16] [--new 64] [--threads 2]`` (a couple of minutes on 2 cores).
 Figures are printed, never asserted: this machine is shared and noisy (quote ratios).
 
-1. Single turn: the same N chat prompts, same batch size, bf16 autocast over fp32 weights, sampled
+1. Single turn: the same N chat prompts, same batch size, the same precision (bf16 autocast over fp32
+   weights where bf16 is native, else fp32), sampled
    at temperature 1. Bare ``model.generate`` keeps every row decoding until the longest ends; our
    loop drops finished rows. Useful tokens/s counts tokens up to and including the stop token.
 2. Multi-turn: N episodes x T turns with a tool that sleeps 200 ms after every action, batch size
@@ -24,9 +25,14 @@ from flowgrpo.backends.base import SamplingParams
 from flowgrpo.backends.hf import HFBackend
 from flowgrpo.chat import ChatFormat
 from flowgrpo.env import StepResult
+from flowgrpo.hardware import resolve_autocast
+from flowgrpo.logprobs import autocast_context
 from flowgrpo.models import load_model
 from flowgrpo.rollout import RolloutConfig, RolloutEngine
 from flowgrpo.types import Message, ParsedAction, Task
+
+# bf16 autocast only where bf16 matmuls are native (AVX512-BF16/AMX/CUDA); fp32 elsewhere, on both sides.
+AUTOCAST = resolve_autocast("auto", "cpu")
 
 QUESTIONS = [
     "What is 17 + 25?",
@@ -94,7 +100,7 @@ def bench_single(model, tok, n, new):
     for rep in range(2):
         torch.manual_seed(rep)
         t0 = time.perf_counter()
-        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.inference_mode(), autocast_context(AUTOCAST):
             g = model.generate(
                 input_ids=ids,
                 attention_mask=mask,
@@ -110,7 +116,7 @@ def bench_single(model, tok, n, new):
         toks = sum(useful(r[width:].tolist(), stop) for r in g)
         out.setdefault("generate", []).append((toks, dt, g.shape[1] - width))
 
-        backend = HFBackend(model, tok, max_batch_size=n, autocast_dtype="bfloat16")
+        backend = HFBackend(model, tok, max_batch_size=n, autocast_dtype=AUTOCAST)
         eng = RolloutEngine(
             backend,
             tok,
@@ -124,7 +130,9 @@ def bench_single(model, tok, n, new):
         dt = time.perf_counter() - t0
         toks = sum(t.num_action_tokens for g in groups for t in g.trajectories)
         out.setdefault("engine", []).append((toks, dt, backend.stats["decode_steps"]))
-    print(f"\n== single turn: {n} prompts, batch {n}, <= {new} new tokens, bf16 autocast, T=1.0 ==")
+    print(
+        f"\n== single turn: {n} prompts, batch {n}, <= {new} new tokens, autocast {AUTOCAST or 'off (fp32)'}, T=1.0 =="
+    )
     best = {}
     for k, runs in out.items():
         rates = [t / d for t, d, _ in runs]
@@ -143,7 +151,7 @@ def bench_multi(model, tok, n, new, turns, sleep_s):
     tasks = [Task(id=str(i), prompt=QUESTIONS[i % 8]) for i in range(n)]
     bs = max(1, n // 2)
 
-    backend = HFBackend(model, tok, max_batch_size=bs, autocast_dtype="bfloat16")
+    backend = HFBackend(model, tok, max_batch_size=bs, autocast_dtype=AUTOCAST)
     eng = RolloutEngine(backend, tok, cfg.model_copy(update={"max_batch_size": bs}))
     t0 = time.perf_counter()
     groups = eng.run_groups(lambda: SleepEnv(sleep_s), tasks, group_size=1)
