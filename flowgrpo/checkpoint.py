@@ -13,12 +13,13 @@ import logging
 import os
 import random
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from flowgrpo.files import atomic_directory
 
 log = logging.getLogger(__name__)
 
@@ -66,15 +67,8 @@ def save_checkpoint(
         "extra": extra or {},
     }
     final = checkpoint_dir(root, step)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
-    try:
+    with atomic_directory(final) as tmp:
         torch.save(state, tmp / "state.pt")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     latest_tmp = root / ".latest.tmp"
     latest_tmp.write_text(final.name + "\n")
     os.replace(latest_tmp, root / "latest")

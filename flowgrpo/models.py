@@ -13,10 +13,10 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from flowgrpo.files import atomic_directory
 
 log = logging.getLogger(__name__)
 
@@ -110,18 +110,10 @@ def _load_gguf(path: Path) -> tuple[Any, Any]:
 def convert_to_cache(gguf: Path, target: Path) -> Path:
     """Convert a GGUF file to a safetensors model directory at ``target`` (atomically)."""
     model, tok = _load_gguf(gguf)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp", dir=target.parent))
-    try:
+    with atomic_directory(target) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         (tmp / "SOURCE").write_text(f"{gguf}\n{gguf.stat().st_size}\n")
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return target
 
 
