@@ -163,10 +163,11 @@ def _config_args(p: argparse.ArgumentParser) -> None:
 
 
 def _load(config: str, overrides: list[str]):
-    """A TrainConfig from a YAML file or a run directory (its config.yaml), plus overrides."""
+    """A TrainConfig from a YAML file or a run directory (its config.yaml), plus overrides. A bad
+    config exits with code 2 and the message that says how to fix it, as argparse does for bad flags."""
     from pathlib import Path
 
-    from flowgrpo.config import load_config
+    from flowgrpo.config import ConfigError, load_config
 
     path = Path(config)
     if path.is_dir():
@@ -176,7 +177,11 @@ def _load(config: str, overrides: list[str]):
             )
         overrides = [f"run.output_dir={path}", *overrides]
         path = path / "config.yaml"
-    return load_config(path, overrides)
+    try:
+        return load_config(path, overrides)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -196,14 +201,9 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    from flowgrpo.config import ConfigError
     from flowgrpo.pipeline import train_and_evaluate
 
-    try:
-        cfg = _load(args.config, args.overrides)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg = _load(args.config, args.overrides)
     out = train_and_evaluate(cfg, eval_n=args.eval_n or None, report=not args.no_report)
     return 0 if out["train"].get("status") in ("finished", "interrupted") else 1
 
@@ -230,14 +230,9 @@ def add_eval_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_eval(args: argparse.Namespace) -> int:
-    from flowgrpo.config import ConfigError
     from flowgrpo.pipeline import evaluate_run, format_eval
 
-    try:
-        cfg = _load(args.config, args.overrides)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg = _load(args.config, args.overrides)
     rec = evaluate_run(cfg, split=args.split, n=args.n, greedy=not args.sample, checkpoint=args.checkpoint)
     print(json.dumps(rec) if args.json else format_eval(rec))
     return 0

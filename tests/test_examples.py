@@ -121,3 +121,10 @@ def test_custom_env_example_runs():
     )
     assert r.returncode == 0, r.stderr
     assert "the oracle solved 20/20 test tasks" in r.stdout
+
+
+def test_train_with_a_bad_config_key_exits_2_and_names_the_fix(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["train", str(EXAMPLES / "calculator_agent.yaml"), "--set", "train.lrr=1e-5"])
+    assert exc.value.code == 2
+    assert "did you mean 'train.lr'" in capsys.readouterr().err
