@@ -280,13 +280,13 @@ class FlowGRPOSide:
         )
 
 
-def run_flowgrpo(cfg: BenchConfig, steps: int, warmup: int = 1) -> dict[str, Any]:
-    """Load the model, run ``warmup`` + ``steps`` steps; per-step stats of the timed ones."""
+def _setup_side(cfg: BenchConfig, n_steps: int) -> tuple[Any, Any, list[Any]]:
+    """What both sides start from, identically: threads, seed, the policy, its chat template and
+    the tasks of ``n_steps`` steps (model load time counts in each side's setup_s)."""
     import torch
 
     set_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    t0 = time.perf_counter()
     model, tok = load_policy(
         cfg.model,
         dtype="bfloat16" if cfg.precision == "bf16" else "float32",
@@ -295,7 +295,13 @@ def run_flowgrpo(cfg: BenchConfig, steps: int, warmup: int = 1) -> dict[str, Any
     )
     if cfg.task == "multi":
         tok.chat_template = multi_turn_template()
-    tasks = bench_tasks(cfg.prompts_per_step * (steps + warmup), cfg.seed)
+    return model, tok, bench_tasks(cfg.prompts_per_step * n_steps, cfg.seed)
+
+
+def run_flowgrpo(cfg: BenchConfig, steps: int, warmup: int = 1) -> dict[str, Any]:
+    """Load the model, run ``warmup`` + ``steps`` steps; per-step stats of the timed ones."""
+    t0 = time.perf_counter()
+    model, tok, tasks = _setup_side(cfg, steps + warmup)
     with tempfile.TemporaryDirectory(prefix="flowgrpo-bench-run-") as out_dir:
         side = FlowGRPOSide(model, tok, cfg, tasks, out_dir)
         setup_s = time.perf_counter() - t0
@@ -365,24 +371,13 @@ def trl_reward(tasks: list[Any]):
 
 def run_trl(cfg: BenchConfig, steps: int, warmup: int = 1) -> dict[str, Any]:
     """TRL's GRPOTrainer for ``warmup + steps`` optimizer steps; per-step times from a callback."""
-    import torch
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    set_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
-    model, tok = load_policy(
-        cfg.model,
-        dtype="bfloat16" if cfg.precision == "bf16" else "float32",
-        device=cfg.device,
-        seed=cfg.seed,
-    )
-    if cfg.task == "multi":
-        tok.chat_template = multi_turn_template()
     n = warmup + steps
-    tasks = bench_tasks(cfg.prompts_per_step * n, cfg.seed)
+    model, tok, tasks = _setup_side(cfg, n)
     ds = Dataset.from_list([{"prompt": opening_messages(cfg, t), "task_id": t.id} for t in tasks])
 
     class StepTimer(TrainerCallback):
