@@ -663,20 +663,21 @@ async def areexecute(
         report.trajectories += 1
         env = env_factory()
         await env.reset(task)
+
+        def episode_diff(k: int, note: str, traj: Trajectory = traj) -> None:
+            """A difference about the episode at turn ``k``, not about one observation."""
+            report.diffs.append(ObservationDiff(traj.id, traj.task_id, k, -1, None, None, note))
+
         for k, turn in enumerate(traj.turns):
             if turn.finish_reason == "length":
                 break  # the rollout never stepped a truncated action
             action, note = _parsed_action(env, turn.action)
             if note:
-                report.diffs.append(ObservationDiff(traj.id, traj.task_id, k, -1, None, None, note))
+                episode_diff(k, note)
             try:
                 res = await env.step(action)
             except Exception as e:
-                report.diffs.append(
-                    ObservationDiff(
-                        traj.id, traj.task_id, k, -1, None, None, f"env.step raised {type(e).__name__}: {e}"
-                    )
-                )
+                episode_diff(k, f"env.step raised {type(e).__name__}: {e}")
                 break
             rec, new = list(turn.observations), list(res.observations)
             for i in range(max(len(rec), len(new))):
@@ -690,29 +691,14 @@ async def areexecute(
             last = k == len(traj.turns) - 1
             ended = res.terminated or res.truncated
             if ended and not last:
-                report.diffs.append(
-                    ObservationDiff(
-                        traj.id,
-                        traj.task_id,
-                        k,
-                        -1,
-                        None,
-                        None,
-                        f"the environment ended the episode here but the record has {len(traj.turns) - k - 1} more turns",
-                    )
+                episode_diff(
+                    k,
+                    f"the environment ended the episode here but the record has {len(traj.turns) - k - 1} more turns",
                 )
                 break
             if last and traj.termination == Termination.finished and not res.terminated:
-                report.diffs.append(
-                    ObservationDiff(
-                        traj.id,
-                        traj.task_id,
-                        k,
-                        -1,
-                        None,
-                        None,
-                        "the record ends with termination 'finished' but the environment did not terminate",
-                    )
+                episode_diff(
+                    k, "the record ends with termination 'finished' but the environment did not terminate"
                 )
     return report
 
