@@ -1,22 +1,33 @@
-"""Rollout speed on this machine: our engine vs bare ``model.generate``, and async tool overlap.
+"""Rollout speed on this machine: our engine vs bare ``model.generate``, and multi-turn vs lock-step waves.
 
-Run: ``python benchmarks/rollout.py [--n 16] [--new 64] [--threads 2]`` (a couple of minutes on 2 cores).
-Figures are printed, never asserted: this machine is shared and noisy (quote ratios).
+Run: ``python benchmarks/rollout.py [--n 16] [--new 64] [--turns 3] [--multi-new 32]`` (a few minutes
+on 2 cores; ``--model tiny`` is the smoke test's random model). Figures are printed, never asserted.
 
-1. Single turn: the same N chat prompts, same batch size, the same precision (bf16 autocast over fp32
-   weights where bf16 is native, else fp32), sampled
-   at temperature 1. Bare ``model.generate`` keeps every row decoding until the longest ends; our
-   loop drops finished rows. Useful tokens/s counts tokens up to and including the stop token.
-2. Multi-turn: N episodes x T turns with a tool that sleeps 200 ms after every action, batch size
-   N/2. "Waves" = every episode's turn in lock-step (generate the whole wave in batches, then run
-   all tools concurrently, then the next wave); the engine instead lets the tools of one batch run
-   while the next batch decodes.
+1. Single turn: the same N distinct chat prompts, same batch size, the same precision (bf16 autocast
+   over fp32 weights where bf16 is native, else fp32), sampled at temperature 1. Bare
+   ``model.generate`` keeps every row decoding until the longest ends; our loop drops finished rows.
+   Useful tokens/s counts tokens up to and including the stop token; median of ``--reps`` runs.
+2. Multi-turn: N episodes x up to T turns with a tool that sleeps 200 ms after every action, at most
+   ``--batch`` rows decoding at once (default N). Every side follows the engine's rules: a turn cut
+   by the token limit ends its episode. Three ways to run the same episodes:
+
+   - ``engine``: our rollout engine, continuous scheduling -- each turn joins the running batch the
+     moment its tool returns, and each episode's keys/values are kept between its turns;
+   - ``waves/generate``: what a loop around ``model.generate`` does -- every live episode's turn in
+     lock-step (generate the wave in batches, re-reading every context from scratch; then all tools
+     concurrently; then the next wave);
+   - ``waves/ours``: the same lock-step loop over our backend (finished rows dropped, prefix cache),
+     to separate what the decode loop buys from what the scheduling buys.
+
+   Samples differ between sides (different random streams), so episodes differ in length: compare
+   turns/s and tokens/s, printed with the work each side did.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import time
 
 import torch
@@ -27,7 +38,7 @@ from flowgrpo.chat import ChatFormat
 from flowgrpo.env import StepResult
 from flowgrpo.hardware import resolve_autocast
 from flowgrpo.logprobs import autocast_context
-from flowgrpo.models import load_model
+from flowgrpo.models import load_model, tiny_model
 from flowgrpo.rollout import RolloutConfig, RolloutEngine
 from flowgrpo.types import Message, ParsedAction, Task
 
@@ -43,6 +54,14 @@ QUESTIONS = [
     "Who wrote Hamlet?",
     "What is the capital of France?",
     "Count from 1 to 5.",
+    "What is the opposite of cold?",
+    "Name a fruit that is yellow.",
+    "How many legs does a spider have?",
+    "What do bees make?",
+    "Spell the word cat backwards.",
+    "What is 100 minus 37?",
+    "Name a planet in our solar system.",
+    "What colour is the sky on a clear day?",
 ]
 
 
@@ -78,147 +97,183 @@ class SleepEnv:
         return []
 
 
-def useful(ids, stop):
-    return ids.index(stop) + 1 if stop in ids else len(ids)
+def _tasks(n: int) -> list[Task]:
+    return [Task(id=str(i), prompt=QUESTIONS[i % len(QUESTIONS)]) for i in range(n)]
 
 
-def bench_single(model, tok, n, new):
+def _generate(model, tok, prompts, new, stop_ids):
+    """Bare ``model.generate`` on left-padded prompts; returns per row (useful ids, finish reason)."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + list(p) for p in prompts])
+    mask = (torch.arange(width)[None, :] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
+    with torch.inference_mode(), autocast_context(AUTOCAST):
+        g = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=new,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            eos_token_id=list(stop_ids),
+            pad_token_id=tok.pad_token_id,
+        )
+    out = []
+    for row in g[:, width:].tolist():
+        cut = next((j for j, t in enumerate(row) if t in stop_ids), None)
+        out.append((row[: cut + 1], "stop") if cut is not None else (row, "length"))
+    return out
+
+
+def bench_single(model, tok, n, new, reps):
     chat = ChatFormat(tok)
     prompts = [
         chat.initial_ids(
-            chat.prompt_messages([Message(role="user", content=QUESTIONS[i % 8])], SleepEnv.system_prompt)
+            chat.prompt_messages([Message(role="user", content=t.prompt)], SleepEnv.system_prompt)
         )
-        for i in range(n)
+        for t in _tasks(n)
     ]
     stop = tok.eos_token_id
-    width = max(map(len, prompts))
-    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
-    mask = (ids != -1).long()
-    for i, p in enumerate(prompts):
-        mask[i, : width - len(p)] = 0
-    out = {}
-    for rep in range(2):
+    rates: dict[str, list[float]] = {"generate": [], "engine": []}
+    for rep in range(reps):
         torch.manual_seed(rep)
         t0 = time.perf_counter()
-        with torch.inference_mode(), autocast_context(AUTOCAST):
-            g = model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                max_new_tokens=new,
-                do_sample=True,
-                temperature=1.0,
-                top_k=0,
-                top_p=1.0,
-                eos_token_id=stop,
-                pad_token_id=tok.pad_token_id,
-            )
+        res = _generate(model, tok, prompts, new, {stop})
         dt = time.perf_counter() - t0
-        toks = sum(useful(r[width:].tolist(), stop) for r in g)
-        out.setdefault("generate", []).append((toks, dt, g.shape[1] - width))
+        toks = sum(len(ids) for ids, _ in res)
+        rates["generate"].append(toks / dt)
+        print(f"  generate: {toks} tok in {dt:.2f}s = {toks / dt:.1f} tok/s")
 
         backend = HFBackend(model, tok, max_batch_size=n, autocast_dtype=AUTOCAST)
-        eng = RolloutEngine(
-            backend,
-            tok,
-            RolloutConfig(
-                max_turns=1, max_new_tokens=new, sampling=SamplingParams(temperature=1.0, seed=rep)
-            ),
+        cfg = RolloutConfig(
+            max_turns=1, max_new_tokens=new, sampling=SamplingParams(temperature=1.0, seed=rep)
         )
-        tasks = [Task(id=str(i), prompt=QUESTIONS[i % 8]) for i in range(n)]
+        eng = RolloutEngine(backend, tok, cfg)
         t0 = time.perf_counter()
-        groups = eng.run_groups(lambda: SleepEnv(single_turn=True), tasks, group_size=1)
+        groups = eng.run_groups(lambda: SleepEnv(single_turn=True), _tasks(n), group_size=1)
         dt = time.perf_counter() - t0
         toks = sum(t.num_action_tokens for g in groups for t in g.trajectories)
-        out.setdefault("engine", []).append((toks, dt, backend.stats["decode_steps"]))
+        rates["engine"].append(toks / dt)
+        print(f"    engine: {toks} tok in {dt:.2f}s = {toks / dt:.1f} tok/s")
+    med = {k: statistics.median(v) for k, v in rates.items()}
     print(
-        f"\n== single turn: {n} prompts, batch {n}, <= {new} new tokens, autocast {AUTOCAST or 'off (fp32)'}, T=1.0 =="
+        f"== single turn: {n} prompts, batch {n}, <= {new} new tokens, autocast {AUTOCAST or 'off (fp32)'}, "
+        f"T=1.0, median of {reps} =="
     )
-    best = {}
-    for k, runs in out.items():
-        rates = [t / d for t, d, _ in runs]
-        best[k] = max(rates)
-        print(f"{k:>9}: " + ", ".join(f"{t} tok in {d:.2f}s = {t / d:.1f} tok/s" for t, d, _ in runs))
-    print(f"engine / generate (best of 2): {best['engine'] / best['generate']:.2f}x")
+    print(
+        f"engine {med['engine']:.1f} tok/s / generate {med['generate']:.1f} tok/s = {med['engine'] / med['generate']:.2f}x"
+    )
 
 
-def bench_multi(model, tok, n, new, turns, sleep_s):
+async def _waves(tok, tasks, turns, sleep_s, bs, generate):
+    """Lock-step waves: every live episode's turn, generated in batches of ``bs``, then all tools."""
+    envs = [SleepEnv(sleep_s) for _ in tasks]
+    chat = ChatFormat(tok)
+    hist = [chat.prompt_messages(await e.reset(t), e.system_prompt) for e, t in zip(envs, tasks, strict=True)]
+    ctx = [chat.initial_ids(h) for h in hist]
+    live = list(range(len(tasks)))
+    n_turns = n_tokens = 0
+    for _ in range(turns):
+        res = []
+        for s in range(0, len(live), bs):
+            res += await generate([ctx[i] for i in live[s : s + bs]])
+        n_turns += len(res)
+        n_tokens += sum(len(ids) for ids, _ in res)
+        going = [(i, ids) for i, (ids, reason) in zip(live, res, strict=True) if reason == "stop"]
+        steps = await asyncio.gather(
+            *(envs[i].step(ParsedAction(message=Message(role="assistant", content="x"))) for i, _ in going)
+        )
+        for (i, ids), st in zip(going, steps, strict=True):
+            delta = chat.observation_delta(hist[i], ids, st.observations)
+            hist[i] = [*hist[i], Message(role="assistant", content=tok.decode(ids)), *st.observations]
+            ctx[i] = ctx[i] + ids + delta
+        live = [i for i, _ in going]
+    return n_turns, n_tokens
+
+
+def bench_multi(model, tok, n, new, turns, sleep_s, bs):
+    tasks = _tasks(n)
     cfg = RolloutConfig(
         max_turns=turns,
         max_new_tokens=new,
         max_context_tokens=4096,
         sampling=SamplingParams(temperature=1.0, seed=0),
     )
-    tasks = [Task(id=str(i), prompt=QUESTIONS[i % 8]) for i in range(n)]
-    bs = max(1, n // 2)
+    stop_ids = set(ChatFormat(tok).end_of_turn_ids)
+    rows = []
 
     backend = HFBackend(model, tok, max_batch_size=bs, autocast_dtype=AUTOCAST)
-    eng = RolloutEngine(backend, tok, cfg.model_copy(update={"max_batch_size": bs}))
+    eng = RolloutEngine(backend, tok, cfg)
     t0 = time.perf_counter()
     groups = eng.run_groups(lambda: SleepEnv(sleep_s), tasks, group_size=1)
-    t_engine = time.perf_counter() - t0
-    tok_engine = sum(t.num_action_tokens for g in groups for t in g.trajectories)
-
-    # lock-step waves with the same backend and batch size
-    async def waves():
-        envs = [SleepEnv(sleep_s) for _ in tasks]
-        chat = ChatFormat(tok)
-        hist = [
-            chat.prompt_messages(await e.reset(t), e.system_prompt) for e, t in zip(envs, tasks, strict=True)
-        ]
-        ctx = [chat.initial_ids(h) for h in hist]
-        total = 0
-        params = cfg.sampling.model_copy(
-            update={"max_new_tokens": new, "stop_token_ids": chat.end_of_turn_ids}
+    trajs = [t for g in groups for t in g.trajectories]
+    rows.append(
+        (
+            "engine",
+            time.perf_counter() - t0,
+            sum(len(t.turns) for t in trajs),
+            sum(t.num_action_tokens for t in trajs),
         )
-        for _ in range(turns):
-            res = []
-            for s in range(0, n, bs):
-                res += await backend.generate(ctx[s : s + bs], params)
-            total += sum(len(r.token_ids) for r in res)
-            steps = await asyncio.gather(
-                *(e.step(ParsedAction(message=Message(role="assistant", content="x"))) for e in envs)
-            )
-            for i, (r, st) in enumerate(zip(res, steps, strict=True)):
-                delta = chat.observation_delta(hist[i], r.token_ids, st.observations)
-                hist[i] = [
-                    *hist[i],
-                    Message(role="assistant", content=tok.decode(r.token_ids)),
-                    *st.observations,
-                ]
-                ctx[i] = ctx[i] + r.token_ids + delta
-        return total
+    )
+    hit, fed = backend.stats["prefix_hit_tokens"], backend.stats["prefill_tokens"]
 
-    t0 = time.perf_counter()
-    tok_waves = asyncio.run(waves())
-    t_waves = time.perf_counter() - t0
+    async def by_generate(prompts):
+        torch.manual_seed(len(prompts))
+        return _generate(model, tok, prompts, new, stop_ids)
+
+    ours = HFBackend(model, tok, max_batch_size=bs, autocast_dtype=AUTOCAST)
+    params = cfg.sampling.model_copy(update={"max_new_tokens": new, "stop_token_ids": sorted(stop_ids)})
+
+    async def by_ours(prompts):
+        return [(r.token_ids, r.finish_reason) for r in await ours.generate(prompts, params)]
+
+    for name, gen in (("waves/generate", by_generate), ("waves/ours", by_ours)):
+        t0 = time.perf_counter()
+        n_turns, n_tokens = asyncio.run(_waves(tok, tasks, turns, sleep_s, bs, gen))
+        rows.append((name, time.perf_counter() - t0, n_turns, n_tokens))
+
     print(
-        f"\n== multi-turn: {n} episodes x {turns} turns, tool sleeps {sleep_s * 1000:.0f} ms, batch {bs}, "
-        f"<= {new} new tokens/turn =="
+        f"== multi-turn: {n} episodes x <= {turns} turns, tool sleeps {sleep_s * 1000:.0f} ms, batch <= {bs}, "
+        f"<= {new} new tokens/turn, autocast {AUTOCAST or 'off (fp32)'} =="
     )
-    print(
-        f"   engine: {tok_engine} tok in {t_engine:.2f}s = {tok_engine / t_engine:.1f} tok/s "
-        f"(batches {eng.last_batch_sizes})"
-    )
-    print(f"    waves: {tok_waves} tok in {t_waves:.2f}s = {tok_waves / t_waves:.1f} tok/s")
-    print(f"engine speed-up over waves (tok/s): {(tok_engine / t_engine) / (tok_waves / t_waves):.2f}x")
+    for name, dt, n_turns, n_tokens in rows:
+        print(
+            f"{name:>15}: {n_turns} turns, {n_tokens} tok in {dt:.2f}s = {n_turns / dt:.2f} turns/s, {n_tokens / dt:.1f} tok/s"
+        )
+    print(f"engine prefix cache: {hit} prompt tokens reused, {fed} prefilled")
+    e = rows[0]
+    for name, dt, n_turns, n_tokens in rows[1:]:
+        print(
+            f"engine speed-up over {name}: {(e[2] / e[1]) / (n_turns / dt):.2f}x turns/s, "
+            f"{(e[3] / e[1]) / (n_tokens / dt):.2f}x tok/s"
+        )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=16)
     ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--turns", type=int, default=3)
-    ap.add_argument("--multi-new", type=int, default=16)
+    ap.add_argument("--multi-new", type=int, default=32)
+    ap.add_argument(
+        "--batch", type=int, default=None, help="multi-turn: most rows decoding at once (default n)"
+    )
     ap.add_argument("--sleep", type=float, default=0.2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--model", default="smollm2-135m", help="a load_model name/path, or 'tiny' (random, smoke test)"
+    )
     ap.add_argument("--skip-single", action="store_true")
+    ap.add_argument("--skip-multi", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    model, tok = load_model("smollm2-135m")
+    model, tok = tiny_model() if a.model == "tiny" else load_model(a.model)
     model.eval()
     if not a.skip_single:
-        bench_single(model, tok, a.n, a.new)
-    bench_multi(model, tok, a.n, a.multi_new, a.turns, a.sleep)
+        bench_single(model, tok, a.n, a.new, a.reps)
+    if not a.skip_multi:
+        bench_multi(model, tok, a.n, a.multi_new, a.turns, a.sleep, a.batch or a.n)
 
 
 if __name__ == "__main__":

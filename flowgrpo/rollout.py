@@ -11,11 +11,18 @@ room for one more token ends it with ``context_overflow``; generation is capped 
 and an action cut by that cap also ends it with ``context_overflow``).
 
 Why a scheduler. A model decodes a batch far faster per token than one sequence at a time, but
-episodes wait on tools at different moments. The :class:`_Batcher` collects the generation
-requests of all live episodes -- for at most ``batch_wait_ms`` or until every live episode is
-waiting -- and sends them in one ``backend.generate`` call (up to ``max_batch_size`` prompts).
-While that call decodes (in a worker thread for the hf backend), the other episodes' tools keep
-running on the event loop, so tool latency overlaps generation instead of adding to it.
+episodes wait on tools at different moments. Two schedules:
+
+- ``continuous`` (default, for backends with ``continuous_batching`` such as ``hf``): each
+  episode sends its turn the moment it is ready; the backend admits it into the batch that is
+  already decoding and keeps the episode's keys/values between turns, so one episode's tool call
+  overlaps everyone else's decoding and a freed batch slot is refilled at the next step. Each
+  request carries its own seed (episode, turn).
+- ``static`` (and backends without continuous batching): the :class:`_Batcher` collects the
+  requests of all live episodes -- for at most ``batch_wait_ms`` or until every live episode is
+  waiting -- and sends them in one ``backend.generate`` call (up to ``max_batch_size`` prompts).
+  Tools of other episodes still run during that call, but a batch is fixed once issued. Batches
+  do not depend on timing when tools are instant, so reruns are bit-exact.
 
 Token bookkeeping (see :mod:`flowgrpo.chat`): the first turn's ``prompt_ids`` are the rendered
 opening messages; each later turn's ``prompt_ids`` are the delta after the previous action (the
@@ -40,7 +47,7 @@ import logging
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -66,8 +73,20 @@ class RolloutConfig(BaseModel):
     step_timeout_s: float | None = Field(
         None, gt=0, description="a whole env.step; default 3 * tool_timeout_s + 5"
     )
-    max_batch_size: int | None = Field(None, ge=1, description="default: backend.max_batch_size")
-    batch_wait_ms: float = Field(5.0, ge=0, description="how long to collect requests before a batch")
+    max_batch_size: int | None = Field(
+        None, ge=1, description="most generation requests in flight; default: backend.max_batch_size"
+    )
+    scheduling: Literal["continuous", "static"] = Field(
+        "continuous",
+        description=(
+            "continuous: each episode's turn goes to the backend the moment it is ready and joins the "
+            "running batch (backends with continuous_batching, e.g. hf); static: requests are collected "
+            "into batches issued one at a time, so reruns are bit-exact (timing cannot change a batch)"
+        ),
+    )
+    batch_wait_ms: float = Field(
+        5.0, ge=0, description="static scheduling: how long to collect requests before a batch"
+    )
 
 
 class TextPolicy(Protocol):
@@ -96,6 +115,7 @@ class _Batcher:
         self._calls = 0
         self._per_prompt = bool(getattr(backend, "per_prompt_max_new_tokens", False))
         self.batch_sizes: list[int] = []
+        self.gate: _FirstTurnGate | None = None
 
     def episode_started(self) -> None:
         self.live += 1
@@ -103,6 +123,8 @@ class _Batcher:
     def episode_ended(self) -> None:
         self.live -= 1
         self._changed.set()
+        if self.gate is not None:
+            self.gate.leave()
 
     async def submit(self, ids: list[int], limit: int) -> GenerationResult:
         fut = asyncio.get_running_loop().create_future()
@@ -155,6 +177,38 @@ class _Batcher:
                 r.future.set_result(res)
 
 
+class _FirstTurnGate:
+    """Holds each episode's first request until every episode has one ready (or has ended).
+
+    The episodes of a rollout start together, but each spends a few milliseconds rendering its
+    prompt first; without the gate the first would start decoding alone and the rest would trickle
+    in. Released together, the first turns are prefilled as one batch -- and the G identical
+    prompts of a group once. Arrivals are tracked per asyncio task (one per episode).
+    """
+
+    def __init__(self, episodes: int) -> None:
+        self.left = episodes
+        self.arrived: set[int] = set()
+        self.open = asyncio.Event()
+        if episodes <= 0:
+            self.open.set()
+
+    def _count(self) -> None:
+        self.left -= 1
+        if self.left <= 0:
+            self.open.set()
+
+    async def arrive(self) -> None:
+        self.arrived.add(id(asyncio.current_task()))
+        self._count()
+        await self.open.wait()
+
+    def leave(self) -> None:
+        """An episode ended; it no longer holds the gate if it never reached it."""
+        if id(asyncio.current_task()) not in self.arrived:
+            self._count()
+
+
 def _clip(res: GenerationResult, limit: int) -> GenerationResult:
     if len(res.token_ids) <= limit:
         return res
@@ -205,32 +259,58 @@ class RolloutEngine:
         if self.backend is None:
             raise ValueError("this RolloutEngine has no backend; use rollout_text_policy for text policies")
         cfg = self.config
+        backend = self.backend
         params = cfg.sampling.model_copy(update={"max_new_tokens": cfg.max_new_tokens})
-        batcher = _Batcher(
-            self.backend, params, cfg.max_batch_size or self.backend.max_batch_size, cfg.batch_wait_ms / 1000
-        )
-        stop_ids: list[int] | None = None
+        max_batch = cfg.max_batch_size or backend.max_batch_size
+        batcher = _Batcher(backend, params, max_batch, cfg.batch_wait_ms / 1000)
+        continuous = cfg.scheduling == "continuous" and getattr(backend, "continuous_batching", False)
+        in_flight = asyncio.Semaphore(max_batch)
+        episodes = 0
+        if continuous:
+            batcher.gate = _FirstTurnGate(len(tasks) * group_size)
 
         def model_actor(chat: ChatFormat) -> Actor:
-            nonlocal stop_ids
-            if not params.stop_token_ids and stop_ids is None:
-                stop_ids = list(chat.end_of_turn_ids)
-                batcher.params = params.model_copy(update={"stop_token_ids": stop_ids})
+            nonlocal episodes
+            if not params.stop_token_ids and not batcher.params.stop_token_ids:
+                batcher.params = params.model_copy(update={"stop_token_ids": list(chat.end_of_turn_ids)})
+            if not continuous:
 
-            async def act(ids: list[int], limit: int, conv: list[Message]) -> GenerationResult:
-                return await batcher.submit(ids, limit)
+                async def act(ids: list[int], limit: int, conv: list[Message]) -> GenerationResult:
+                    return await batcher.submit(ids, limit)
 
-            return act
+                return act
 
-        runner = asyncio.create_task(batcher.run())
+            # continuous: this episode's turns go straight to the backend's running batch, each with
+            # its own seed (episode, turn), so its samples do not depend on when it arrives
+            episode, turns = episodes, 0
+            episodes += 1
+
+            async def act_now(ids: list[int], limit: int, conv: list[Message]) -> GenerationResult:
+                nonlocal turns
+                p = batcher.params
+                if p.seed is not None:
+                    p = p.model_copy(update={"seed": p.seed * 1_000_003 + episode * 1009 + turns})
+                if turns == 0 and batcher.gate is not None:
+                    await batcher.gate.arrive()
+                turns += 1
+                async with in_flight:
+                    return (await backend.generate([ids], p, max_new_tokens=[limit]))[0]  # type: ignore[call-arg]
+
+            return act_now
+
+        runner = None if continuous else asyncio.create_task(batcher.run())
         try:
             groups = await self._run_groups(
                 env_factory, tasks, group_size, policy_version, model_actor, batcher
             )
         finally:
-            runner.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await runner
+            if runner is not None:
+                runner.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await runner
+            release = getattr(backend, "clear_prefix_cache", None)
+            if release is not None:  # the episodes are over: their cached turns are dead weight
+                release()
         self.last_batch_sizes = batcher.batch_sizes
         return groups
 

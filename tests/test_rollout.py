@@ -350,3 +350,53 @@ def test_text_policy_gives_exact_ids_and_zero_logprobs(tok):
     assert [x.prompt_ids + x.action_ids for x in g.trajectories[0].turns] == [
         x.prompt_ids + x.action_ids for x in t2.turns
     ]
+
+
+def test_continuous_scheduling_reuses_each_episodes_cache_across_turns(tok):
+    model, tok2 = tiny_model(tok)
+    be = HFBackend(model, tok2, max_batch_size=8)
+    stops = list(range(len(tok2)))  # every token stops: one-token actions, so episodes run 3 turns
+    cfg = dict(
+        max_turns=3, max_new_tokens=4, sampling={"temperature": 1.0, "seed": 1, "stop_token_ids": stops}
+    )
+    eng = _engine(be, tok2, **cfg)
+    groups = eng.run_groups(lambda: AddEnv(never_finish=True), [_task(0), _task(1)], group_size=3)
+    trajs = [t for g in groups for t in g.trajectories]
+    assert all(len(t.turns) == 3 and t.termination == Termination.max_turns for t in trajs)
+    contexts = sum(len(t.context_ids(k)) for t in trajs for k in range(3))
+    prompt = len(trajs[0].turns[0].prompt_ids)
+    # turn 1: the 2 distinct task prompts once each (6 episodes); later turns: only the new delta
+    later = sum(len(turn.prompt_ids) for t in trajs for turn in t.turns[1:])
+    assert be.stats["prefill_tokens"] == 2 * prompt + later + 6 * 2  # + each turn's last sampled token
+    assert be.stats["prefix_hit_tokens"] > contexts / 2
+    assert len(be.prefix_cache) == 0  # released when the rollout ended
+    for t in trajs:
+        for k, turn in enumerate(t.turns):
+            ctx = torch.tensor([t.context_ids(k) + turn.action_ids])
+            with torch.no_grad():
+                logits = model(ctx).logits[0, len(t.context_ids(k)) - 1 : -1].float()
+            lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(turn.action_ids)[:, None])[:, 0]
+            assert torch.allclose(lp, torch.tensor(turn.action_logprobs), atol=1e-4)
+
+
+def test_continuous_scheduling_sends_each_turn_alone_with_its_own_seed(tok):
+    class Continuous(ScriptedBackend):
+        continuous_batching = True
+
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self.seeds: list[int] = []
+
+        async def generate(self, prompts, params, *, max_new_tokens=None):
+            self.seeds.append(params.seed)
+            return await super().generate(prompts, params, max_new_tokens=max_new_tokens)
+
+    be = Continuous(tok, [CALL, ANSWER])
+    cfg = dict(sampling={"seed": 7})
+    groups = _engine(be, tok, **cfg).run_groups(AddEnv, [_task(0), _task(1)], group_size=2)
+    assert all(t.termination == Termination.finished for g in groups for t in g.trajectories)
+    assert [len(p) for p, _ in be.calls] == [1] * 8  # 4 episodes x 2 turns, never collected
+    assert len(set(be.seeds)) == 8
+    static = ScriptedBackend(tok, [CALL, ANSWER])
+    _engine(static, tok, scheduling="static", **cfg).run_groups(AddEnv, [_task(0), _task(1)], group_size=2)
+    assert [len(p) for p, _ in static.calls] == [4, 4]

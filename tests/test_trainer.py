@@ -113,8 +113,14 @@ def test_reward_rises_on_the_toy_environment(tmp_path):
     assert ev["episodes"] == 4 and 0.0 <= ev["accuracy"] <= 1.0 and ev["turns_mean"] == 1.0
 
 
+# Bit-exact reruns need batches that timing cannot change: static scheduling (the default,
+# continuous batching, admits requests in arrival order).
+EXACT = "rollout.scheduling=static"
+
+
 def test_kill_and_resume_gives_identical_parameters(tmp_path):
     common = (
+        EXACT,
         "train.steps=3",
         "run.save_every=1",
         "train.epochs_per_batch=2",
@@ -142,7 +148,7 @@ def test_kill_and_resume_gives_identical_parameters(tmp_path):
 
 
 def test_sigterm_checkpoints_then_resume_is_exact(tmp_path):
-    common = ("train.steps=2", "run.save_every=0")
+    common = (EXACT, "train.steps=2", "run.save_every=0")
     straight = make_trainer(tmp_path, *common, name="straight")
     straight.train()
     victim = make_trainer(tmp_path, *common, name="killed")
