@@ -7,9 +7,13 @@ on 2 cores; ``--model tiny`` is the smoke test's random model). Figures are prin
    over fp32 weights where bf16 is native, else fp32), sampled at temperature 1. Bare
    ``model.generate`` keeps every row decoding until the longest ends; our loop drops finished rows.
    Useful tokens/s counts tokens up to and including the stop token; median of ``--reps`` runs.
-2. Multi-turn: N episodes x up to T turns with a tool that sleeps 200 ms after every action, at most
-   ``--batch`` rows decoding at once (default N). Every side follows the engine's rules: a turn cut
-   by the token limit ends its episode. Three ways to run the same episodes:
+2. Multi-turn: N episodes (N/G tasks x G, as GRPO samples them) x up to T turns with a tool that
+   sleeps 200 ms after every action, at most ``--batch`` rows decoding at once (default N).
+   ``--prompt agent`` (default) renders a real tool-using prompt (the arithmetic environment's system
+   prompt and calculator description, ~220 tokens); ``--prompt short`` a one-line one. Every side
+   follows the engine's rules: a turn cut by the token limit ends its episode, and an action ends at
+   the end of its first sentence (so episodes really take several turns). Three ways to run the
+   same episodes:
 
    - ``engine``: our rollout engine, continuous scheduling -- each turn joins the running batch the
      moment its tool returns, and each episode's keys/values are kept between its turns;
@@ -74,15 +78,25 @@ class _Parser:
 
 
 class SleepEnv:
-    """Every action gets a 200 ms 'tool' observation; never finishes (runs to max_turns)."""
+    """Every action gets a 200 ms 'tool' observation; never finishes (runs to max_turns).
+
+    ``agent=True`` renders like a real tool-using agent: the ``arithmetic`` environment's system
+    prompt, calculator tool description and parser (a ~220-token prompt), on its training problems.
+    Otherwise a one-line system prompt and short questions.
+    """
 
     name = "sleep"
-    tools: list = []
-    parser = _Parser()
-    system_prompt = "You are a helpful assistant."
 
-    def __init__(self, sleep_s: float = 0.2, single_turn: bool = False) -> None:
+    def __init__(self, sleep_s: float = 0.2, single_turn: bool = False, agent: bool = False) -> None:
         self.sleep_s, self.single_turn = sleep_s, single_turn
+        self.tools: list = []
+        self.parser = _Parser()
+        self.system_prompt = "You are a helpful assistant."
+        if agent:
+            from flowgrpo.env import make
+
+            real = make("arithmetic")
+            self.tools, self.parser, self.system_prompt = list(real.tools), real.parser, real.system_prompt
 
     async def reset(self, task: Task) -> list[Message]:
         return [Message(role="system", content=self.system_prompt), Message(role="user", content=task.prompt)]
@@ -97,7 +111,11 @@ class SleepEnv:
         return []
 
 
-def _tasks(n: int) -> list[Task]:
+def _tasks(n: int, agent: bool = False) -> list[Task]:
+    if agent:
+        from flowgrpo.env import make
+
+        return make("arithmetic").tasks("train")[:n]
     return [Task(id=str(i), prompt=QUESTIONS[i % len(QUESTIONS)]) for i in range(n)]
 
 
@@ -129,7 +147,7 @@ def bench_single(model, tok, n, new, reps):
     chat = ChatFormat(tok)
     prompts = [
         chat.initial_ids(
-            chat.prompt_messages([Message(role="user", content=t.prompt)], SleepEnv.system_prompt)
+            chat.prompt_messages([Message(role="user", content=t.prompt)], SleepEnv().system_prompt)
         )
         for t in _tasks(n)
     ]
@@ -165,13 +183,15 @@ def bench_single(model, tok, n, new, reps):
     )
 
 
-async def _waves(tok, tasks, turns, sleep_s, bs, generate):
+async def _waves(tok, episodes, turns, make_env, bs, generate):
     """Lock-step waves: every live episode's turn, generated in batches of ``bs``, then all tools."""
-    envs = [SleepEnv(sleep_s) for _ in tasks]
-    chat = ChatFormat(tok)
-    hist = [chat.prompt_messages(await e.reset(t), e.system_prompt) for e, t in zip(envs, tasks, strict=True)]
+    envs = [make_env() for _ in episodes]
+    chat = ChatFormat(tok, tools=envs[0].tools, parser=envs[0].parser)
+    hist = [
+        chat.prompt_messages(await e.reset(t), e.system_prompt) for e, t in zip(envs, episodes, strict=True)
+    ]
     ctx = [chat.initial_ids(h) for h in hist]
-    live = list(range(len(tasks)))
+    live = list(range(len(episodes)))
     n_turns = n_tokens = 0
     for _ in range(turns):
         res = []
@@ -191,21 +211,35 @@ async def _waves(tok, tasks, turns, sleep_s, bs, generate):
     return n_turns, n_tokens
 
 
-def bench_multi(model, tok, n, new, turns, sleep_s, bs):
-    tasks = _tasks(n)
+def sentence_end_ids(tok) -> set[int]:
+    """Ids of tokens whose text ends a sentence or a line."""
+    ends = (".", "?", "!", "\n")
+    return {i for i in range(len(tok)) if tok.decode([i]).rstrip(" ").endswith(ends)}
+
+
+def bench_multi(model, tok, n, group, new, turns, sleep_s, bs, agent):
+    tasks = _tasks(n // group, agent)
+    episodes = [t for t in tasks for _ in range(group)]  # the engine's order: G episodes per task
     cfg = RolloutConfig(
         max_turns=turns,
         max_new_tokens=new,
         max_context_tokens=4096,
         sampling=SamplingParams(temperature=1.0, seed=0),
     )
-    stop_ids = set(ChatFormat(tok).end_of_turn_ids)
+
+    def make_env():
+        return SleepEnv(sleep_s, agent=agent)
+
+    # an action ends at the end of its first sentence (or turn): short turns, so episodes really
+    # run several turns instead of rambling into the token limit on the first
+    stop_ids = set(ChatFormat(tok).end_of_turn_ids) | sentence_end_ids(tok)
+    cfg.sampling.stop_token_ids = sorted(stop_ids)
     rows = []
 
     backend = HFBackend(model, tok, max_batch_size=bs, autocast_dtype=AUTOCAST)
     eng = RolloutEngine(backend, tok, cfg)
     t0 = time.perf_counter()
-    groups = eng.run_groups(lambda: SleepEnv(sleep_s), tasks, group_size=1)
+    groups = eng.run_groups(make_env, tasks, group_size=group)
     trajs = [t for g in groups for t in g.trajectories]
     rows.append(
         (
@@ -218,7 +252,6 @@ def bench_multi(model, tok, n, new, turns, sleep_s, bs):
     hit, fed = backend.stats["prefix_hit_tokens"], backend.stats["prefill_tokens"]
 
     async def by_generate(prompts):
-        torch.manual_seed(len(prompts))
         return _generate(model, tok, prompts, new, stop_ids)
 
     ours = HFBackend(model, tok, max_batch_size=bs, autocast_dtype=AUTOCAST)
@@ -228,13 +261,14 @@ def bench_multi(model, tok, n, new, turns, sleep_s, bs):
         return [(r.token_ids, r.finish_reason) for r in await ours.generate(prompts, params)]
 
     for name, gen in (("waves/generate", by_generate), ("waves/ours", by_ours)):
+        torch.manual_seed(0)
         t0 = time.perf_counter()
-        n_turns, n_tokens = asyncio.run(_waves(tok, tasks, turns, sleep_s, bs, gen))
+        n_turns, n_tokens = asyncio.run(_waves(tok, episodes, turns, make_env, bs, gen))
         rows.append((name, time.perf_counter() - t0, n_turns, n_tokens))
 
     print(
-        f"== multi-turn: {n} episodes x <= {turns} turns, tool sleeps {sleep_s * 1000:.0f} ms, batch <= {bs}, "
-        f"<= {new} new tokens/turn, autocast {AUTOCAST or 'off (fp32)'} =="
+        f"== multi-turn, {'agent prompt' if agent else 'short prompt'}: {len(tasks)} tasks x G={group}, <= {turns} turns, "
+        f"tool sleeps {sleep_s * 1000:.0f} ms, batch <= {bs}, <= {new} new tokens/turn, autocast {AUTOCAST or 'off (fp32)'} =="
     )
     for name, dt, n_turns, n_tokens in rows:
         print(
@@ -255,6 +289,8 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--group", type=int, default=4, help="multi-turn: episodes per task (GRPO's G)")
+    ap.add_argument("--prompt", choices=["agent", "short"], default="agent", help="multi-turn prompt style")
     ap.add_argument("--multi-new", type=int, default=32)
     ap.add_argument(
         "--batch", type=int, default=None, help="multi-turn: most rows decoding at once (default n)"
@@ -273,7 +309,9 @@ def main() -> None:
     if not a.skip_single:
         bench_single(model, tok, a.n, a.new, a.reps)
     if not a.skip_multi:
-        bench_multi(model, tok, a.n, a.multi_new, a.turns, a.sleep, a.batch or a.n)
+        bench_multi(
+            model, tok, a.n, a.group, a.multi_new, a.turns, a.sleep, a.batch or a.n, a.prompt == "agent"
+        )
 
 
 if __name__ == "__main__":

@@ -51,12 +51,14 @@ def test_token_id_generation_matches_the_local_backend(served):
     be = OpenAIBackend(server.url + "/v1", "tiny", max_concurrency=2)
     params = SamplingParams(temperature=0.8, max_new_tokens=7, seed=11, stop_token_ids=[-5])
     remote = asyncio.run(be.generate(PROMPTS, params, max_new_tokens=[3, 7]))
-    # the client gives prompt i the seed 11 + i; the server decodes each request alone
+    # the client gives prompt i the seed 11 + i; the server's requests may share a decode batch,
+    # which changes float rounding but not the per-request random stream
     for i, (p, r) in enumerate(zip(PROMPTS, remote, strict=True)):
         local = hf.generate_sync(
             [p], params.model_copy(update={"seed": 11 + i, "max_new_tokens": [3, 7][i]})
         )[0]
-        assert r == local
+        assert r.token_ids == local.token_ids and r.finish_reason == local.finish_reason
+        assert max(abs(a - b) for a, b in zip(r.logprobs, local.logprobs, strict=True)) < 1e-5
     assert [len(r.token_ids) for r in remote] == [3, 7]
     assert all(r.finish_reason == "length" for r in remote)
 
