@@ -59,8 +59,13 @@ def action_logprobs(
     autocast_dtype: torch.dtype | str | None = None,
     chunk_size: int = 1024,
     with_entropy: bool = False,
+    share_prefix: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(logprobs, entropy)``, both ``(B, T)`` float32, nonzero only where ``loss_mask`` is 1.
+
+    ``share_prefix``: rows whose prompts (the tokens before their first action) are identical -- the
+    G episodes of a GRPO group -- run that prompt through the model once (see
+    :func:`_shared_prefixes`); the result and its gradient are the same as the full pass.
 
     input_ids, attention_mask, loss_mask: ``(B, T)``, right padded. ``logprobs[b, t]`` is
     ``log p(input_ids[b, t] | input_ids[b, :t])`` (differentiable). ``entropy[b, t]`` is the entropy of
@@ -81,10 +86,15 @@ def action_logprobs(
     if b_idx.numel() == 0:
         return out, ent_out
     with autocast_context(autocast_dtype, device_type):
-        hidden = backbone(
-            input_ids=input_ids, attention_mask=attention_mask, use_cache=False
-        ).last_hidden_state
-        hidden = hidden[b_idx, t_idx]  # (N, H)
+        plan = _shared_prefixes(input_ids, loss_mask) if share_prefix else None
+        if plan is None:
+            hidden = backbone(
+                input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+            ).last_hidden_state  # (B, T, H)
+            hidden = hidden[b_idx, t_idx]  # (N, H)
+        else:
+            hidden = _hidden_with_shared_prefixes(backbone, input_ids, attention_mask, plan)  # (B, S, H)
+            hidden = hidden[b_idx, t_idx - plan.prefix_len[b_idx]]  # (N, H)
         pieces, ents = [], []
         for s in range(0, hidden.shape[0], chunk_size):
             logits = head(hidden[s : s + chunk_size]).float()  # (C, V)
@@ -102,6 +112,79 @@ def action_logprobs(
     if with_entropy:
         ent_out = ent_out.index_put((b_idx, t_idx + 1), torch.cat(ents))
     return out, ent_out
+
+
+class _PrefixPlan:
+    """Rows grouped by a shared prompt: ``group[b]`` indexes ``prefixes``; ``prefix_len[b]`` (B,) is how
+    many leading tokens of row ``b`` the shared pass covers."""
+
+    def __init__(self, prefixes: list[tuple[int, ...]], group: list[int], prefix_len: torch.Tensor) -> None:
+        self.prefixes, self.group, self.prefix_len = prefixes, group, prefix_len
+
+
+def _shared_prefixes(input_ids: torch.Tensor, loss_mask: torch.Tensor, min_saving: float = 0.1):
+    """Plan a shared-prefix pass, or None when it would save less than ``min_saving`` of the tokens.
+
+    A row's prefix is its prompt minus the prompt's last token (that token's hidden state predicts
+    the first action token, so it stays in the row's own pass). Rows with identical prefixes share
+    one prefix pass; a row whose prefix is unique still gets its own (the cost is the same).
+    """
+    B, T = input_ids.shape
+    first = loss_mask.float().argmax(-1).tolist()  # index of each row's first action token
+    keys = [tuple(input_ids[b, : max(0, first[b] - 1)].tolist()) for b in range(B)]
+    distinct: dict[tuple[int, ...], int] = {}
+    group = [distinct.setdefault(k, len(distinct)) for k in keys]
+    saved = sum(len(k) for k in keys) - sum(len(k) for k in distinct)
+    if len(distinct) == B or saved < min_saving * B * T or min(len(k) for k in distinct) == 0:
+        return None
+    lens = torch.tensor([len(k) for k in keys], device=input_ids.device)
+    return _PrefixPlan(list(distinct), group, lens)
+
+
+def _hidden_with_shared_prefixes(backbone, input_ids, attention_mask, plan: _PrefixPlan) -> torch.Tensor:
+    """Hidden states of every row's tokens after its prefix, ``(B, S)`` aligned at the prefix end.
+
+    Pass 1 runs each distinct prefix once, left-padded to P, keeping its keys/values (with their
+    graph). The cache rows are expanded to one per row (an index_select: gradients of rows sharing
+    a prefix add up, as they would in B separate passes). Pass 2 runs every row's remaining tokens,
+    right-padded to S, with explicit positions, attending to its prefix through the cache.
+    """
+    from transformers import DynamicCache
+
+    dev = input_ids.device
+    B, T = input_ids.shape
+    P = max(len(p) for p in plan.prefixes)
+    U = len(plan.prefixes)
+    pre_ids = torch.zeros((U, P), dtype=torch.long, device=dev)
+    pre_mask = torch.zeros((U, P), dtype=torch.long, device=dev)
+    for u, p in enumerate(plan.prefixes):
+        pre_ids[u, P - len(p) :] = torch.tensor(p, dtype=torch.long, device=dev)
+        pre_mask[u, P - len(p) :] = 1
+    pre_pos = (pre_mask.cumsum(-1) - 1).clamp(min=0)  # (U, P)
+    cache = DynamicCache()
+    backbone(
+        input_ids=pre_ids,
+        attention_mask=pre_mask,
+        position_ids=pre_pos,
+        past_key_values=cache,
+        use_cache=True,
+    )
+    cache.batch_select_indices(torch.tensor(plan.group, device=dev))  # (B, heads, P, D) per layer
+
+    lens = attention_mask.sum(-1) if attention_mask is not None else torch.full((B,), T, device=dev)  # (B,)
+    rest = lens - plan.prefix_len  # (B,) tokens after the prefix
+    S = int(rest.max())
+    ids = torch.zeros((B, S), dtype=torch.long, device=dev)
+    mask = torch.zeros((B, P + S), dtype=torch.long, device=dev)
+    pos = torch.zeros((B, S), dtype=torch.long, device=dev)
+    for b in range(B):
+        n, r = int(plan.prefix_len[b]), int(rest[b])
+        ids[b, :r] = input_ids[b, n : n + r]
+        mask[b, P - n : P + r] = 1
+        pos[b, :r] = torch.arange(n, n + r, device=dev)
+    return backbone(
+        input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
+    ).last_hidden_state  # (B, S, H)
 
 
 @torch.no_grad()

@@ -86,3 +86,49 @@ def test_reference_logprobs_have_no_graph_and_empty_mask(model):
     bad[0, 0] = 1
     with pytest.raises(ValueError, match="no context"):
         action_logprobs(model, ids, attn, bad)
+
+
+def group_batch(vocab):
+    """Two GRPO groups: rows 0-2 share a 9-token prompt, rows 3-4 a 6-token one; right padded."""
+    g = torch.Generator().manual_seed(3)
+    p1 = torch.randint(3, vocab, (9,), generator=g)
+    p2 = torch.randint(3, vocab, (6,), generator=g)
+    T = 17
+    ids = torch.randint(3, vocab, (5, T), generator=g)
+    attn = torch.ones(5, T, dtype=torch.long)
+    mask = torch.zeros(5, T)
+    for b, (p, n) in enumerate([(p1, 17), (p1, 13), (p1, 15), (p2, 10), (p2, 16)]):
+        ids[b, : len(p)] = p
+        attn[b, n:] = 0
+        mask[b, len(p) : n] = 1
+    mask[1, 11] = 0  # an observation inside the episode: not trained on
+    return ids, attn, mask
+
+
+def test_shared_prompts_run_once_with_identical_values_and_gradients(model):
+    from flowgrpo.logprobs import _shared_prefixes
+
+    ids, attn, mask = group_batch(model.config.vocab_size)
+    plan = _shared_prefixes(ids, mask)
+    assert plan is not None and len(plan.prefixes) == 2 and plan.prefix_len.tolist() == [8, 8, 8, 5, 5]
+    model.zero_grad()
+    lp, ent = action_logprobs(model, ids, attn, mask, with_entropy=True)
+    lp.sum().backward()
+    g1 = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    ref_lp, ref_ent = naive(model, ids, attn, mask)
+    ref_lp.sum().backward()
+    torch.testing.assert_close(lp, ref_lp, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent, ref_ent, atol=1e-5, rtol=1e-5)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(g1[n], p.grad, atol=1e-5, rtol=1e-4, msg=n)
+    model.zero_grad()
+    off, _ = action_logprobs(model, ids, attn, mask, share_prefix=False)
+    torch.testing.assert_close(lp.detach(), off.detach(), atol=1e-5, rtol=1e-5)
+
+
+def test_no_shared_pass_when_prompts_differ(model):
+    from flowgrpo.logprobs import _shared_prefixes
+
+    ids, attn, mask = batch(model.config.vocab_size)
+    assert _shared_prefixes(ids, mask) is None
