@@ -56,6 +56,8 @@ def test_action_mask_row_layout() -> None:
         m[:150] == [0] * 150 and m[150:190] == [1] * 40 and m[190:210] == [0] * 20 and m[210:250] == [1] * 40
     )
     assert len(m) == 260 and sum(m) == 80 and m[250:] == [0] * 10
+    short = action_mask_row(128)  # shorter than prompt + action: the prompt shrinks, one action fits
+    assert short[:88] == [0] * 88 and short[88:] == [1] * 40
 
 
 def test_update_mfu_measure_runs_on_a_tiny_model() -> None:
