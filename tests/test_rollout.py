@@ -313,6 +313,16 @@ def test_max_batch_size_splits_batches(tok):
     assert eng.last_batch_sizes == [5, 5, 2]
 
 
+def _assert_logprobs_are_the_models(model, traj) -> None:
+    """Every turn's recorded logprobs are the model's own at the sampled ids (a fresh full pass)."""
+    for k, turn in enumerate(traj.turns):
+        ctx = torch.tensor([traj.context_ids(k) + turn.action_ids])
+        with torch.no_grad():
+            logits = model(ctx).logits[0, len(traj.context_ids(k)) - 1 : -1].float()
+        lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(turn.action_ids)[:, None])[:, 0]
+        assert torch.allclose(lp, torch.tensor(turn.action_logprobs), atol=1e-4)
+
+
 def test_hf_backend_end_to_end_with_tiny_model(tok):
     model, tok2 = tiny_model(tok)
     be = HFBackend(model, tok2, max_batch_size=8)
@@ -323,13 +333,7 @@ def test_hf_backend_end_to_end_with_tiny_model(tok):
     for g in groups:
         for t in g.trajectories:
             assert t.termination in (Termination.max_tokens, Termination.max_turns, Termination.finished)
-            for k, turn in enumerate(t.turns):
-                # the recorded logprobs are the model's own at the sampled ids
-                ctx = torch.tensor([t.context_ids(k) + turn.action_ids])
-                with torch.no_grad():
-                    logits = model(ctx).logits[0, len(t.context_ids(k)) - 1 : -1].float()
-                lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(turn.action_ids)[:, None])[:, 0]
-                assert torch.allclose(lp, torch.tensor(turn.action_logprobs), atol=1e-4)
+            _assert_logprobs_are_the_models(model, t)
 
 
 class _Oracle:
@@ -371,12 +375,7 @@ def test_continuous_scheduling_reuses_each_episodes_cache_across_turns(tok):
     assert be.stats["prefix_hit_tokens"] > contexts / 2
     assert len(be.prefix_cache) == 0  # released when the rollout ended
     for t in trajs:
-        for k, turn in enumerate(t.turns):
-            ctx = torch.tensor([t.context_ids(k) + turn.action_ids])
-            with torch.no_grad():
-                logits = model(ctx).logits[0, len(t.context_ids(k)) - 1 : -1].float()
-            lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(turn.action_ids)[:, None])[:, 0]
-            assert torch.allclose(lp, torch.tensor(turn.action_logprobs), atol=1e-4)
+        _assert_logprobs_are_the_models(model, t)
 
 
 def test_continuous_scheduling_sends_each_turn_alone_with_its_own_seed(tok):
