@@ -36,6 +36,15 @@ class GenerationResult(BaseModel):
     finish_reason: Literal["stop", "length"]
 
 
+def prompt_limits(params: SamplingParams, n_prompts: int, max_new_tokens: Sequence[int] | None) -> list[int]:
+    """Each prompt's token cap: its own ``max_new_tokens`` entry, never above ``params.max_new_tokens``."""
+    if max_new_tokens is None:
+        return [params.max_new_tokens] * n_prompts
+    if len(max_new_tokens) != n_prompts:
+        raise ValueError("max_new_tokens must have one entry per prompt")
+    return [min(int(m), params.max_new_tokens) for m in max_new_tokens]
+
+
 @runtime_checkable
 class RolloutBackend(Protocol):
     max_batch_size: int

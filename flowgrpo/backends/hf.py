@@ -50,7 +50,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from flowgrpo.backends.base import GenerationResult, SamplingParams
+from flowgrpo.backends.base import GenerationResult, SamplingParams, prompt_limits
 
 
 def _dtype(name: str | None):
@@ -181,13 +181,9 @@ class _Batch:
 
 
 def _layers(cache) -> list:
+    """The cache's layers. We always build a config-less ``DynamicCache``, so every layer is a plain
+    ``DynamicLayer`` holding (b, heads, W, D) keys/values that can be re-padded and merged."""
     return list(cache.layers)
-
-
-def _mergeable(cache) -> bool:
-    from transformers.cache_utils import DynamicLayer
-
-    return all(type(layer) is DynamicLayer for layer in _layers(cache))
 
 
 class HFBackend:
@@ -238,7 +234,6 @@ class HFBackend:
         self.admit_wait_ms = float(admit_wait_ms)
         self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20)) if prefix_cache_mb > 0 else None
         self._weights_version: int | None = None
-        self._merge_ok = True  # False once the model's cache has layers we cannot re-pad
         self._queue: deque[_Request] = deque()
         self._cv = threading.Condition()
         self._worker: threading.Thread | None = None
@@ -326,11 +321,7 @@ class HFBackend:
     def _enqueue(self, prompts, params: SamplingParams, max_new_tokens, callbacks) -> None:
         import torch
 
-        limits = [params.max_new_tokens] * len(prompts)
-        if max_new_tokens is not None:
-            if len(max_new_tokens) != len(prompts):
-                raise ValueError("max_new_tokens must have one entry per prompt")
-            limits = [max(1, min(int(m), params.max_new_tokens)) for m in max_new_tokens]
+        limits = [max(1, m) for m in prompt_limits(params, len(prompts), max_new_tokens)]
         for p in prompts:
             if len(p) == 0:
                 raise ValueError("empty prompt: every prompt needs at least one token")
@@ -353,8 +344,6 @@ class HFBackend:
     def _take(self, batch: _Batch | None) -> list[_Request]:
         """Queued requests that may join ``batch`` now (same sampling settings, free slots)."""
         with self._cv:
-            if batch is not None and not self._merge_ok:
-                return []
             room = self.max_batch_size - (len(batch.rows) if batch is not None else 0)
             key = batch.rows[0].key if batch is not None else (self._queue[0].key if self._queue else None)
             taken: list[_Request] = []
@@ -449,7 +438,7 @@ class HFBackend:
         row_of = [distinct.setdefault(tuple(r.prompt), len(distinct)) for r in new]
         prompts = list(distinct)
         hits: list[tuple[int, KV] | None] = [None] * len(prompts)
-        if self.prefix_cache is not None and self._merge_ok:
+        if self.prefix_cache is not None:
             with self._cv:
                 hits = [self.prefix_cache.take(p) for p in prompts]
         cached = [h[0] if h else 0 for h in hits]
@@ -483,8 +472,6 @@ class HFBackend:
         self.stats["admissions"] += 1
         self.stats["prefill_tokens"] += sum(len(p) - c for p, c in zip(prompts, cached, strict=True))
         self.stats["prefix_hit_tokens"] += sum(cached[u] for u in row_of)
-        if not _mergeable(cache):
-            self._merge_ok = False
         if len(new) > U:  # expand the distinct prompts back to one row per request
             sel = torch.tensor(row_of, device=dev)
             cache.batch_select_indices(sel)
@@ -545,7 +532,7 @@ class HFBackend:
         """Hand row ``i`` its result and keep its keys/values (the tokens it fed) for its next turn."""
         r = batch.rows[i]
         self.stats["tokens"] += len(r.toks)
-        if self.prefix_cache is not None and self._merge_ok:
+        if self.prefix_cache is not None:
             cols = batch.mask[i].nonzero().squeeze(-1)  # (n,) the row's real cache columns
             fed = tuple(r.prompt + r.toks[:-1])
             if cols.numel() == len(fed):

@@ -24,7 +24,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from flowgrpo.backends.base import GenerationResult, SamplingParams
+from flowgrpo.backends.base import GenerationResult, SamplingParams, prompt_limits
 from flowgrpo.types import Message
 
 
@@ -118,14 +118,12 @@ class OpenAIBackend:
         max_new_tokens: Sequence[int] | None = None,
     ) -> list[GenerationResult]:
         """One ``/v1/completions`` request per prompt (token ids in, ids + logprobs out), concurrently."""
-        limits = (
-            list(max_new_tokens) if max_new_tokens is not None else [params.max_new_tokens] * len(prompts)
-        )
+        limits = prompt_limits(params, len(prompts), max_new_tokens)
         async with self._client() as client:
             return list(
                 await asyncio.gather(
                     *(
-                        self._complete(client, list(p), params, min(params.max_new_tokens, m), i)
+                        self._complete(client, list(p), params, m, i)
                         for i, (p, m) in enumerate(zip(prompts, limits, strict=True))
                     )
                 )

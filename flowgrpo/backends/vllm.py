@@ -25,7 +25,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from flowgrpo.backends.base import GenerationResult, SamplingParams
+from flowgrpo.backends.base import GenerationResult, SamplingParams, prompt_limits
 
 
 class VLLMUnavailableError(ImportError):
@@ -105,10 +105,8 @@ class VLLMBackend:
         *,
         max_new_tokens: Sequence[int] | None = None,
     ) -> list[GenerationResult]:
-        limits = (
-            list(max_new_tokens) if max_new_tokens is not None else [params.max_new_tokens] * len(prompts)
-        )
-        sps = [self._sampling(params, min(m, params.max_new_tokens), i) for i, m in enumerate(limits)]
+        limits = prompt_limits(params, len(prompts), max_new_tokens)
+        sps = [self._sampling(params, m, i) for i, m in enumerate(limits)]
         inputs = [{"prompt_token_ids": list(p)} for p in prompts]
         with self._lock:
             outputs = self.llm.generate(inputs, sampling_params=sps, use_tqdm=False)
