@@ -60,6 +60,15 @@ from flowgrpo.types import Task, Trajectory, TrajectoryGroup
 log = logging.getLogger(__name__)
 
 
+def _adamw(model: Any, **hyper: Any) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters, fused where the device has the kernel: one kernel instead
+    of ~10 ops per tensor, 0.07 s vs 0.39 s a step for SmolLM2-135M on 2 CPU cores."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    device_type = trainable[0].device.type if trainable else "cpu"
+    fused = device_type in ("cpu", "cuda") and all(p.is_floating_point() for p in trainable)
+    return torch.optim.AdamW(trainable, fused=fused, **hyper)
+
+
 class TaskStream:
     """An endless stream over ``tasks``: shuffled with ``(seed, epoch)`` each pass; its state is
     ``(epoch, position)`` so a resumed run draws the same tasks."""
@@ -172,15 +181,8 @@ class Trainer:
         self.autocast = resolve_autocast(cfg.model.autocast, device_type)
         self.backend = HFBackend(model, tokenizer, autocast_dtype=self.autocast)
         self.engine = RolloutEngine(self.backend, tokenizer, cfg.rollout)
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            trainable,
-            lr=cfg.train.lr,
-            betas=cfg.train.betas,
-            weight_decay=cfg.train.weight_decay,
-            # one fused kernel instead of ~10 ops per tensor: 0.07 s vs 0.39 s a step for SmolLM2-135M
-            # on 2 CPU cores
-            fused=device_type in ("cpu", "cuda") and all(p.is_floating_point() for p in trainable),
+        self.optimizer = _adamw(
+            model, lr=cfg.train.lr, betas=cfg.train.betas, weight_decay=cfg.train.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
@@ -536,7 +538,7 @@ class Trainer:
         rows = build_rows(trajectories, pack=self.cfg.train.pack_rows, require_advantages=False)
         if not rows:
             raise ValueError("sft: the trajectories have no action tokens")
-        opt = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=lr)
+        opt = _adamw(self.model, lr=lr)
         by_seq: dict[int, list[Row]] = {}
         for r in rows:
             by_seq.setdefault(r.seq_index, []).append(r)
