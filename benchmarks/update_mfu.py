@@ -94,7 +94,9 @@ def train_flops(shape: ModelShape, T: int, scored: int, *, causal: bool = True) 
 
 def action_mask_row(T: int) -> list[int]:
     """Loss mask of a synthetic packed episode of ``T`` tokens: prompt, then (action, observation)*."""
-    m = [0] * max(1, min(PROMPT, T - ACTION))  # a short row keeps room for one action (else it trains nothing)
+    m = [0] * max(
+        1, min(PROMPT, T - ACTION)
+    )  # a short row keeps room for one action (else it trains nothing)
     while len(m) < T:
         m += [1] * ACTION + [0] * OBS
     m = m[:T]

@@ -19,13 +19,15 @@ a second pass or a scores list. This backend instead runs one decode loop in a w
   as the weights change (an optimizer step bumps every parameter's version counter);
 - lays each row out left-padded as ``[pad][cached prefix][pad][new suffix]`` with explicit
   ``position_ids`` and an attention mask over the holes, so rows of any history share one
-  ``DynamicCache``; columns no live row uses are trimmed;
+  cache (a ``DynamicCache`` that appends in place, :mod:`flowgrpo.backends.decoding`); columns no
+  live row uses are trimmed;
 - samples every step from the *processed* distribution (temperature, then top-k, then top-p),
   and records the log-probability of the sampled token under exactly that distribution, from the
   same forward pass (no second pass);
-- runs under ``torch.inference_mode`` with ``model.eval()`` (the training mode is restored after
-  every forward), off the event loop, so tools of other episodes make progress while the
-  model computes;
+- runs under ``torch.inference_mode`` through an eval-mode view of the model that shares its
+  tensors (:func:`~flowgrpo.backends.decoding.decode_view`: the trainer's module keeps its training
+  mode, and small-row matmuls take the layout this CPU's BLAS is fast at), off the event loop, so
+  tools of other episodes make progress while the model computes;
 - optionally computes under ``torch.autocast(dtype=bfloat16)`` over fp32 master weights
   (``autocast_dtype="bfloat16"``): training needs fp32 weights (pure-bf16 weights barely move
   under small learning rates), and autocast gives most of bf16's speed where bf16 is native.
@@ -51,6 +53,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from flowgrpo.backends.base import GenerationResult, SamplingParams, prompt_limits
+from flowgrpo.backends.decoding import GrowingCache, decode_view
 
 
 def _dtype(name: str | None):
@@ -181,8 +184,8 @@ class _Batch:
 
 
 def _layers(cache) -> list:
-    """The cache's layers. We always build a config-less ``DynamicCache``, so every layer is a plain
-    ``DynamicLayer`` holding (b, heads, W, D) keys/values that can be re-padded and merged."""
+    """The cache's layers. We always build a :class:`~flowgrpo.backends.decoding.GrowingCache`, so
+    every layer holds (b, heads, W, D) keys/values that can be re-padded and merged."""
     return list(cache.layers)
 
 
@@ -234,6 +237,8 @@ class HFBackend:
         self.admit_wait_ms = float(admit_wait_ms)
         self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20)) if prefix_cache_mb > 0 else None
         self._weights_version: int | None = None
+        self._view: Any = None
+        self._view_of: Any = None
         self._queue: deque[_Request] = deque()
         self._cv = threading.Condition()
         self._worker: threading.Thread | None = None
@@ -401,26 +406,33 @@ class HFBackend:
                     self._worker = None
 
     # ------------------------------------------------------------------ model work
+    def _decoder(self) -> Any:
+        """The module tree decode forwards run through: :func:`~flowgrpo.backends.decoding.decode_view`
+        of the model (same tensors, eval mode, skinny-matmul linears). :meth:`_check_weights` drops
+        it when the model object or any of its parameter objects is replaced."""
+        if self._view is None:
+            self._view = decode_view(self.model)
+        return self._view
+
     def _forward(self, **inputs):
-        """One model call in eval mode (the caller's training mode is restored right after), under
-        autocast when configured; returns the last position's logits (b, V)."""
+        """One decode-view forward, under autocast when configured; returns the last position's
+        logits (b, V)."""
         import torch
 
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            if self.autocast_dtype is None:
-                out = self.model(use_cache=True, **inputs)
-            else:
-                with torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype):
-                    out = self.model(use_cache=True, **inputs)
-        finally:
-            if was_training:
-                self.model.train()
+        model = self._decoder()
+        if self.autocast_dtype is None:
+            out = model(use_cache=True, **inputs)
+        else:
+            with torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype):
+                out = model(use_cache=True, **inputs)
         return out.logits[:, -1, :]
 
     def _check_weights(self) -> None:
-        version = sum(p._version for p in self.model.parameters())
+        params = list(self.model.parameters())
+        identity = (id(self.model), *(id(p) for p in params))
+        if identity != self._view_of:
+            self._view, self._view_of = None, identity
+        version = sum(p._version for p in params)
         if version != self._weights_version:
             if self.prefix_cache is not None:
                 with self._cv:
@@ -430,7 +442,6 @@ class HFBackend:
     def _admit(self, batch: _Batch | None, new: list[_Request]) -> _Batch:
         """Prefill ``new`` (the uncached suffix of each distinct prompt) and merge it into ``batch``."""
         import torch
-        from transformers import DynamicCache
 
         self._check_weights()
         dev = self.device
@@ -453,7 +464,7 @@ class HFBackend:
             mask[u, C - c : C] = 1
             mask[u, C + S - s :] = 1
             pos[u, S - s :] = torch.arange(c, c + s)
-        cache = DynamicCache()
+        cache = GrowingCache()
         if C > 0:
             first = next(h[1] for h in hits if h)
             for layer, (k0, v0) in enumerate(first):
