@@ -7,6 +7,8 @@ on 2 cores; ``--model tiny`` is the smoke test's random model). Figures are prin
    over fp32 weights where bf16 is native, else fp32), sampled at temperature 1. Bare
    ``model.generate`` keeps every row decoding until the longest ends; our loop drops finished rows.
    Useful tokens/s counts tokens up to and including the stop token; median of ``--reps`` runs.
+   Then the same prompts with every row decoding exactly ``--new`` tokens on both sides: ms per
+   decode step, free of the run-to-run noise of how long sampled rows run.
 2. Multi-turn: N episodes (N/G tasks x G, as GRPO samples them) x up to T turns with a tool that
    sleeps 200 ms after every action, at most ``--batch`` rows decoding at once (default N).
    ``--prompt agent`` (default) renders a real tool-using prompt (the arithmetic environment's system
@@ -119,8 +121,9 @@ def _tasks(n: int, agent: bool = False) -> list[Task]:
     return [Task(id=str(i), prompt=QUESTIONS[i % len(QUESTIONS)]) for i in range(n)]
 
 
-def _generate(model, tok, prompts, new, stop_ids):
-    """Bare ``model.generate`` on left-padded prompts; returns per row (useful ids, finish reason)."""
+def _generate(model, tok, prompts, new, stop_ids, fixed=False):
+    """Bare ``model.generate`` on left-padded prompts; returns per row (useful ids, finish reason).
+    ``fixed``: every row decodes exactly ``new`` tokens (stop ids ignored)."""
     width = max(map(len, prompts))
     ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + list(p) for p in prompts])
     mask = (torch.arange(width)[None, :] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
@@ -135,6 +138,7 @@ def _generate(model, tok, prompts, new, stop_ids):
             top_p=1.0,
             eos_token_id=list(stop_ids),
             pad_token_id=tok.pad_token_id,
+            min_new_tokens=new if fixed else None,
         )
     out = []
     for row in g[:, width:].tolist():
@@ -180,6 +184,25 @@ def bench_single(model, tok, n, new, reps):
     )
     print(
         f"engine {med['engine']:.1f} tok/s / generate {med['generate']:.1f} tok/s = {med['engine'] / med['generate']:.2f}x"
+    )
+    # The same prompts, every row decoding exactly `new` tokens on both sides: the cost of a decode
+    # step without the sampling noise of how long rows run (the figure above varies +-10% with it).
+    steps: dict[str, list[float]] = {"generate": [], "backend": []}
+    backend = HFBackend(model, tok, max_batch_size=n, autocast_dtype=AUTOCAST)
+    fixed = SamplingParams(temperature=1.0, max_new_tokens=new, stop_token_ids=[-1])
+    for rep in range(reps):
+        torch.manual_seed(rep)
+        t0 = time.perf_counter()
+        _generate(model, tok, prompts, new, {stop}, fixed=True)
+        steps["generate"].append((time.perf_counter() - t0) / new)
+        backend.clear_prefix_cache()
+        t0 = time.perf_counter()
+        backend.generate_sync(prompts, fixed)
+        steps["backend"].append((time.perf_counter() - t0) / new)
+    ms = {k: statistics.median(v) * 1000 for k, v in steps.items()}
+    print(
+        f"== fixed length: {n} rows x exactly {new} tokens, median of {reps}: generate {ms['generate']:.1f} ms/step, "
+        f"our backend {ms['backend']:.1f} ms/step = {ms['generate'] / ms['backend']:.2f}x =="
     )
 
 

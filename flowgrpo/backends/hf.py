@@ -47,13 +47,26 @@ where bit-exact reruns matter.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import threading
+import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from flowgrpo.backends.base import GenerationResult, SamplingParams, prompt_limits
 from flowgrpo.backends.decoding import GrowingCache, decode_view
+
+_WORKERS: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+
+
+@atexit.register
+def _join_workers() -> None:
+    """Let decode threads finish before the interpreter tears torch down: a daemon thread still
+    inside a torch op at exit aborts the process ("terminate called without an active exception").
+    A worker ends by itself once its queue is empty, which it is when every caller got its result."""
+    for t in list(_WORKERS):
+        t.join(timeout=10)
 
 
 def _dtype(name: str | None):
@@ -343,6 +356,7 @@ class HFBackend:
             self._queue.extend(reqs)
             if self._worker is None:
                 self._worker = threading.Thread(target=self._work, name="flowgrpo-hf-decode", daemon=True)
+                _WORKERS.add(self._worker)
                 self._worker.start()
             self._cv.notify_all()
 
