@@ -95,9 +95,24 @@ class TrainSection(_Section):
     epochs_per_batch: int = Field(1, ge=1, description="passes over each rollout batch")
     minibatches_per_batch: int = Field(1, ge=1, description="optimizer steps per pass")
     drop_zero_variance_groups: bool = Field(True, description="groups with equal rewards carry no signal")
+    resample_rounds: int = Field(
+        0,
+        ge=0,
+        description="DAPO's dynamic sampling: up to this many extra rollout rounds per step, each on "
+        "as many fresh tasks as groups were dropped for equal rewards, to refill the update batch",
+    )
     pack_rows: bool = Field(True, description="one row per episode (prefix merging)")
     logprob_chunk: int = Field(1024, ge=1)
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _resample_needs_dropping(self) -> TrainSection:
+        if self.resample_rounds and not self.drop_zero_variance_groups:
+            raise ValueError(
+                "resample_rounds refills groups dropped for equal rewards, but drop_zero_variance_groups "
+                "is false: set train.drop_zero_variance_groups=true or train.resample_rounds=0"
+            )
+        return self
 
 
 class RunSection(_Section):

@@ -255,16 +255,15 @@ class Trainer:
         """One RL step: rollout -> rewards -> advantages -> updates -> logs. Returns its metrics."""
         cfg, t0 = self.cfg, time.monotonic()
         self._reseed(self.step)
-        tasks = self.stream.next(cfg.train.tasks_per_step)
-        groups = self.engine.run_groups(
-            self.env_factory, tasks, cfg.train.group_size, policy_version=self.step
-        )
+        groups = self._rollout(cfg.train.tasks_per_step)
+        train_groups = [g for g in groups if not self._drop(g)]
+        rounds = 0
+        while rounds < cfg.train.resample_rounds and len(train_groups) < cfg.train.tasks_per_step:
+            extra = self._rollout(cfg.train.tasks_per_step - len(train_groups))
+            groups += extra
+            train_groups += [g for g in extra if not self._drop(g)]
+            rounds += 1
         t_rollout = time.monotonic() - t0
-        self.reward.score_groups(groups)
-        compute_advantages(groups, cfg.algorithm.estimator, **cfg.algorithm.estimator_kwargs)
-        train_groups = [
-            g for g in groups if not (cfg.train.drop_zero_variance_groups and is_zero_variance(g))
-        ]
         trajs = [t for g in train_groups for t in g.trajectories if t.turns]
         t1 = time.monotonic()
         upd = self.update(trajs)
@@ -280,6 +279,8 @@ class Trainer:
             **stats,
             **upd,
             "groups_trained": float(len(train_groups)),
+            "groups_sampled": float(len(groups)),
+            "resample_rounds": float(rounds),
             "lr": self.scheduler.get_last_lr()[0],
             "time/rollout_s": t_rollout,
             "time/update_s": t_update,
@@ -290,6 +291,22 @@ class Trainer:
         }
         self.metrics.log(self.step, m)
         return m
+
+    def _rollout(self, n_tasks: int) -> list[TrajectoryGroup]:
+        """Groups of the next ``n_tasks`` tasks, rolled out with the current policy, scored, and
+        given advantages (each group is normalised on its own, so rounds can be mixed)."""
+        cfg = self.cfg
+        tasks = self.stream.next(n_tasks)
+        groups = self.engine.run_groups(
+            self.env_factory, tasks, cfg.train.group_size, policy_version=self.step
+        )
+        self.reward.score_groups(groups)
+        compute_advantages(groups, cfg.algorithm.estimator, **cfg.algorithm.estimator_kwargs)
+        return groups
+
+    def _drop(self, group: TrajectoryGroup) -> bool:
+        """Whether ``group`` is left out of the update: equal rewards give it no signal."""
+        return self.cfg.train.drop_zero_variance_groups and is_zero_variance(group)
 
     def update(self, trajs: Sequence[Trajectory]) -> dict[str, float]:
         """Policy updates on one rollout batch: ``epochs_per_batch`` passes, each split into

@@ -218,3 +218,31 @@ def test_sft_on_demonstrations_lowers_the_loss(tmp_path):
 def test_config_defaults_validate():
     cfg = TrainConfig()
     assert cfg.algorithm.estimator == "flow_grpo" and cfg.rewards[0].name == "accuracy"
+
+
+def test_dynamic_sampling_refills_groups_dropped_for_equal_rewards(tmp_path):
+    """DAPO's dynamic sampling: tasks with an even index always score 0 (no signal); extra rounds on
+    fresh tasks refill the update batch, never past ``tasks_per_step`` groups."""
+
+    def reward(traj, task) -> float:
+        ids = traj.turns[0].action_ids if traj.turns else []
+        if int(task.id.split("-")[1]) % 2 == 0:
+            return 0.0
+        return 1.0 if ids and ids[0] % 2 == 0 else 0.0
+
+    def run(name: str, rounds: int) -> list[dict]:
+        tr = make_trainer(tmp_path, "train.steps=3", f"train.resample_rounds={rounds}", name=name)
+        tr.reward = CompositeReward([RewardSpec(name="first_token")], fns={"first_token": reward})
+        tr.train()
+        return [r for r in read_metrics(tmp_path / name / "metrics.jsonl") if "groups_trained" in r]
+
+    plain, refilled = run("plain", 0), run("refilled", 4)
+    assert all(r["groups_sampled"] == 4 and r["resample_rounds"] == 0 for r in plain)
+    assert all(r["groups_trained"] <= 4 for r in plain + refilled)
+    assert sum(r["groups_trained"] for r in refilled) > sum(r["groups_trained"] for r in plain)
+    assert any(r["resample_rounds"] > 0 and r["groups_sampled"] > 4 for r in refilled)
+
+
+def test_resampling_without_dropping_is_a_config_error():
+    with pytest.raises(Exception, match="drop_zero_variance_groups"):
+        load_config(None, ["train.resample_rounds=2", "train.drop_zero_variance_groups=false"])
