@@ -116,52 +116,85 @@ def action_logprobs(
 
 class _PrefixPlan:
     """Rows grouped by a shared prompt: ``group[b]`` indexes ``prefixes``; ``prefix_len[b]`` (B,) is how
-    many leading tokens of row ``b`` the shared pass covers."""
+    many leading tokens of row ``b`` the shared pass covers; the first ``root_len`` tokens are common
+    to every prefix (0: no root pass)."""
 
-    def __init__(self, prefixes: list[tuple[int, ...]], group: list[int], prefix_len: torch.Tensor) -> None:
-        self.prefixes, self.group, self.prefix_len = prefixes, group, prefix_len
+    def __init__(
+        self, prefixes: list[tuple[int, ...]], group: list[int], prefix_len: torch.Tensor, root_len: int = 0
+    ) -> None:
+        self.prefixes, self.group, self.prefix_len, self.root_len = prefixes, group, prefix_len, root_len
 
 
-def _shared_prefixes(input_ids: torch.Tensor, loss_mask: torch.Tensor, min_saving: float = 0.1):
+def _common_prefix_len(seqs: list[tuple[int, ...]]) -> int:
+    n = min(len(s) for s in seqs)
+    first = seqs[0]
+    for i in range(n):
+        if any(s[i] != first[i] for s in seqs[1:]):
+            return i
+    return n
+
+
+def _shared_prefixes(
+    input_ids: torch.Tensor, loss_mask: torch.Tensor, min_saving: float = 0.1, min_root: int = 16
+):
     """Plan a shared-prefix pass, or None when it would save less than ``min_saving`` of the tokens.
 
     A row's prefix is its prompt minus the prompt's last token (that token's hidden state predicts
     the first action token, so it stays in the row's own pass). Rows with identical prefixes share
-    one prefix pass; a row whose prefix is unique still gets its own (the cost is the same).
+    one prefix pass; a row whose prefix is unique still gets its own (the cost is the same). When
+    the distinct prefixes begin with the same ``>= min_root`` tokens -- every group of an agentic
+    batch starts with the same system prompt and tool descriptions -- those run once for all of
+    them (the root pass).
     """
     B, T = input_ids.shape
     first = loss_mask.float().argmax(-1).tolist()  # index of each row's first action token
     keys = [tuple(input_ids[b, : max(0, first[b] - 1)].tolist()) for b in range(B)]
     distinct: dict[tuple[int, ...], int] = {}
     group = [distinct.setdefault(k, len(distinct)) for k in keys]
-    saved = sum(len(k) for k in keys) - sum(len(k) for k in distinct)
-    if len(distinct) == B or saved < min_saving * B * T or min(len(k) for k in distinct) == 0:
+    if min(len(k) for k in distinct) == 0:
+        return None
+    prefixes = list(distinct)
+    root = _common_prefix_len(prefixes) if len(prefixes) > 1 else 0
+    root = root if root >= min_root else 0
+    run = root + sum(len(k) - root for k in prefixes)  # prefix tokens the shared passes compute
+    saved = sum(len(k) for k in keys) - run
+    if (len(distinct) == B and root == 0) or saved < min_saving * B * T:
         return None
     lens = torch.tensor([len(k) for k in keys], device=input_ids.device)
-    return _PrefixPlan(list(distinct), group, lens)
+    return _PrefixPlan(prefixes, group, lens, root)
 
 
 def _hidden_with_shared_prefixes(backbone, input_ids, attention_mask, plan: _PrefixPlan) -> torch.Tensor:
     """Hidden states of every row's tokens after its prefix, ``(B, S)`` aligned at the prefix end.
 
-    Pass 1 runs each distinct prefix once, left-padded to P, keeping its keys/values (with their
-    graph). The cache rows are expanded to one per row (an index_select: gradients of rows sharing
-    a prefix add up, as they would in B separate passes). Pass 2 runs every row's remaining tokens,
-    right-padded to S, with explicit positions, attending to its prefix through the cache.
+    Pass 0 (when ``plan.root_len``) runs the tokens common to every prefix once and expands its
+    keys/values to one row per distinct prefix. Pass 1 runs each distinct prefix (after the root)
+    once, left-padded to P, keeping its keys/values (with their graph). The cache rows are expanded
+    to one per row (an index_select: gradients of rows sharing a prefix add up, as they would in B
+    separate passes). Pass 2 runs every row's remaining tokens, right-padded to S, with explicit
+    positions, attending to its prefix through the cache.
     """
     from transformers import DynamicCache
 
     dev = input_ids.device
     B, T = input_ids.shape
-    P = max(len(p) for p in plan.prefixes)
+    R = plan.root_len
     U = len(plan.prefixes)
-    pre_ids = torch.zeros((U, P), dtype=torch.long, device=dev)
-    pre_mask = torch.zeros((U, P), dtype=torch.long, device=dev)
-    for u, p in enumerate(plan.prefixes):
-        pre_ids[u, P - len(p) :] = torch.tensor(p, dtype=torch.long, device=dev)
-        pre_mask[u, P - len(p) :] = 1
-    pre_pos = (pre_mask.cumsum(-1) - 1).clamp(min=0)  # (U, P)
+    P = max(len(p) for p in plan.prefixes)  # prefix columns: R root + (P - R) left-padded rest
     cache = DynamicCache()
+    if R:
+        root = torch.tensor([plan.prefixes[0][:R]], dtype=torch.long, device=dev)  # (1, R)
+        backbone(input_ids=root, past_key_values=cache, use_cache=True)
+        cache.batch_select_indices(torch.zeros(U, dtype=torch.long, device=dev))  # (U, heads, R, D)
+    pre_ids = torch.zeros((U, P - R), dtype=torch.long, device=dev)
+    pre_mask = torch.zeros((U, P), dtype=torch.long, device=dev)
+    pre_mask[:, :R] = 1
+    pre_pos = torch.zeros((U, P - R), dtype=torch.long, device=dev)
+    for u, p in enumerate(plan.prefixes):
+        n = len(p) - R
+        pre_ids[u, P - R - n :] = torch.tensor(p[R:], dtype=torch.long, device=dev)
+        pre_mask[u, P - n :] = 1
+        pre_pos[u, P - R - n :] = torch.arange(R, len(p), device=dev)
     backbone(
         input_ids=pre_ids,
         attention_mask=pre_mask,
@@ -176,11 +209,12 @@ def _hidden_with_shared_prefixes(backbone, input_ids, attention_mask, plan: _Pre
     S = int(rest.max())
     ids = torch.zeros((B, S), dtype=torch.long, device=dev)
     mask = torch.zeros((B, P + S), dtype=torch.long, device=dev)
+    mask[:, :R] = 1
     pos = torch.zeros((B, S), dtype=torch.long, device=dev)
     for b in range(B):
         n, r = int(plan.prefix_len[b]), int(rest[b])
         ids[b, :r] = input_ids[b, n : n + r]
-        mask[b, P - n : P + r] = 1
+        mask[b, P - (n - R) : P + r] = 1
         pos[b, :r] = torch.arange(n, n + r, device=dev)
     return backbone(
         input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True

@@ -127,6 +127,44 @@ def test_shared_prompts_run_once_with_identical_values_and_gradients(model):
     torch.testing.assert_close(lp.detach(), off.detach(), atol=1e-5, rtol=1e-5)
 
 
+def rooted_batch(vocab):
+    """Three prompts opening with the same 18 tokens (a system prompt): two groups and a lone row
+    whose prefix is exactly that root (its prompt is root + 1 token); right padded."""
+    g = torch.Generator().manual_seed(4)
+    root = torch.randint(3, vocab, (18,), generator=g)
+    p1 = torch.cat([root, torch.randint(3, vocab, (5,), generator=g)])
+    p2 = torch.cat([root, torch.randint(3, vocab, (3,), generator=g)])
+    p3 = torch.cat([root, torch.randint(3, vocab, (1,), generator=g)])
+    T = 30
+    ids = torch.randint(3, vocab, (5, T), generator=g)
+    attn = torch.ones(5, T, dtype=torch.long)
+    mask = torch.zeros(5, T)
+    for b, (p, n) in enumerate([(p1, 30), (p1, 27), (p2, 29), (p2, 25), (p3, 28)]):
+        ids[b, : len(p)] = p
+        attn[b, n:] = 0
+        mask[b, len(p) : n] = 1
+    return ids, attn, mask
+
+
+def test_a_root_shared_by_every_prompt_runs_once_with_identical_values_and_gradients(model):
+    from flowgrpo.logprobs import _shared_prefixes
+
+    ids, attn, mask = rooted_batch(model.config.vocab_size)
+    plan = _shared_prefixes(ids, mask)
+    assert plan is not None and plan.root_len == 18 and len(plan.prefixes) == 3
+    model.zero_grad()
+    lp, _ = action_logprobs(model, ids, attn, mask)
+    lp.sum().backward()
+    g1 = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    ref_lp, _ = naive(model, ids, attn, mask)
+    ref_lp.sum().backward()
+    torch.testing.assert_close(lp, ref_lp, atol=1e-5, rtol=1e-5)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(g1[n], p.grad, atol=1e-5, rtol=1e-4, msg=n)
+    model.zero_grad()
+
+
 def test_no_shared_pass_when_prompts_differ(model):
     from flowgrpo.logprobs import _shared_prefixes
 
