@@ -15,6 +15,7 @@ keeps only the chunks' logits.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -125,7 +126,8 @@ class _PrefixPlan:
         self.prefixes, self.group, self.prefix_len, self.root_len = prefixes, group, prefix_len, root_len
 
 
-def _common_prefix_len(seqs: list[tuple[int, ...]]) -> int:
+def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens all of ``seqs`` share."""
     n = min(len(s) for s in seqs)
     first = seqs[0]
     for i in range(n):
@@ -154,7 +156,7 @@ def _shared_prefixes(
     if min(len(k) for k in distinct) == 0:
         return None
     prefixes = list(distinct)
-    root = _common_prefix_len(prefixes) if len(prefixes) > 1 else 0
+    root = common_prefix_len(prefixes) if len(prefixes) > 1 else 0
     root = root if root >= min_root else 0
     run = root + sum(len(k) - root for k in prefixes)  # prefix tokens the shared passes compute
     saved = sum(len(k) for k in keys) - run
@@ -230,6 +232,7 @@ def reference_logprobs(ref_model: Any, input_ids, attention_mask, loss_mask, **k
 __all__ = [
     "action_logprobs",
     "autocast_context",
+    "common_prefix_len",
     "reference_logprobs",
     "split_model",
 ]

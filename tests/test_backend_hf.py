@@ -204,6 +204,23 @@ def test_prefix_hits_mixed_with_cold_prompts_and_holes_in_the_cache(model_tok):
         _check_against_fresh_forward(model, p, r)
 
 
+def test_an_opening_shared_by_distinct_prompts_is_prefilled_once(model_tok):
+    """Three tasks' prompts open with the same system prompt (>= min_shared_root tokens): it is
+    prefilled once, and every row's logprobs still equal a fresh forward pass."""
+    model, tok = model_tok
+    be = HFBackend(model, tok, min_shared_root=8)
+    system = [1, *range(20, 32)]  # 13 shared tokens
+    prompts = [system + [40, 41, 42], system + [50], system + [60, 61], system + [40, 41, 42]]
+    res = _gen(be, prompts, temperature=1.0, max_new_tokens=8, seed=5, stop_token_ids=[-5])
+    assert be.stats["prefill_tokens"] == 13 + 3 + 1 + 2  # the opening once, then each distinct rest
+    assert be.stats["prefix_hit_tokens"] == 0
+    for p, r in zip(prompts, res, strict=True):
+        _check_against_fresh_forward(model, p, r)
+    short = HFBackend(model, tok, min_shared_root=14)  # the opening is too short to bother
+    _gen(short, prompts, temperature=1.0, max_new_tokens=2, seed=5, stop_token_ids=[-5])
+    assert short.stats["prefill_tokens"] == 16 + 14 + 15
+
+
 def test_a_request_joins_a_batch_that_is_already_decoding(model_tok):
     model, tok = model_tok
     be = HFBackend(model, tok)

@@ -152,6 +152,7 @@ import torch  # noqa: E402
 
 from flowgrpo.backends.hf import HFBackend  # noqa: E402
 from flowgrpo.chat import ChatFormat  # noqa: E402
+from flowgrpo.logprobs import common_prefix_len  # noqa: E402
 from flowgrpo.models import tiny_model, tiny_tokenizer  # noqa: E402
 from flowgrpo.rollout import RolloutConfig, RolloutEngine, run_text_policy  # noqa: E402
 from flowgrpo.types import Termination  # noqa: E402
@@ -368,10 +369,14 @@ def test_continuous_scheduling_reuses_each_episodes_cache_across_turns(tok):
     trajs = [t for g in groups for t in g.trajectories]
     assert all(len(t.turns) == 3 and t.termination == Termination.max_turns for t in trajs)
     contexts = sum(len(t.context_ids(k)) for t in trajs for k in range(3))
-    prompt = len(trajs[0].turns[0].prompt_ids)
-    # turn 1: the 2 distinct task prompts once each (6 episodes); later turns: only the new delta
+    firsts = list({tuple(t.turns[0].prompt_ids) for t in trajs})
+    root = min(common_prefix_len(firsts), min(map(len, firsts)) - 1)  # the system prompt they share
+    assert len(firsts) == 2 and root >= be.min_shared_root
+    # turn 1: the shared opening once, then the 2 distinct task prompts' rests (6 episodes); later
+    # turns: only the new delta
     later = sum(len(turn.prompt_ids) for t in trajs for turn in t.turns[1:])
-    assert be.stats["prefill_tokens"] == 2 * prompt + later + 6 * 2  # + each turn's last sampled token
+    first = root + sum(len(f) - root for f in firsts)
+    assert be.stats["prefill_tokens"] == first + later + 6 * 2  # + each turn's last sampled token
     assert be.stats["prefix_hit_tokens"] > contexts / 2
     assert len(be.prefix_cache) == 0  # released when the rollout ended
     for t in trajs:

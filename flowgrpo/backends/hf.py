@@ -15,7 +15,9 @@ a second pass or a scores list. This backend instead runs one decode loop in a w
   byte-bounded LRU (:class:`PrefixCache`). The next turn of a multi-turn episode starts with exactly
   those tokens, so only the new suffix (the last sampled token, the observation and the next
   generation prompt) is prefilled, not the whole conversation again. Identical prompts admitted
-  together (the G episodes of a GRPO group) are prefilled once. Cached states are dropped as soon
+  together (the G episodes of a GRPO group) are prefilled once, and so is the opening that distinct
+  prompts admitted together share (the system prompt and tool descriptions of every task of a
+  step, ``min_shared_root`` tokens or more). Cached states are dropped as soon
   as the weights change (an optimizer step bumps every parameter's version counter);
 - lays each row out left-padded as ``[pad][cached prefix][pad][new suffix]`` with explicit
   ``position_ids`` and an attention mask over the holes, so rows of any history share one
@@ -56,6 +58,7 @@ from typing import Any
 
 from flowgrpo.backends.base import GenerationResult, SamplingParams, prompt_limits
 from flowgrpo.backends.decoding import GrowingCache, decode_view
+from flowgrpo.logprobs import common_prefix_len
 
 _WORKERS: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 
@@ -217,6 +220,8 @@ class HFBackend:
         device: where to put inputs (default: the model's device).
         prefix_cache_mb: memory for keys/values kept across turns (0 turns prefix caching off).
         admit_wait_ms: when idle, how long to wait for more requests of a burst before prefilling.
+        min_shared_root: distinct prompts admitted together that open with at least this many
+            common tokens (a system prompt, tool descriptions) prefill that opening once.
     """
 
     per_prompt_max_new_tokens = True
@@ -234,6 +239,7 @@ class HFBackend:
         device: Any = None,
         prefix_cache_mb: float = 1024,
         admit_wait_ms: float = 5.0,
+        min_shared_root: int = 16,
     ) -> None:
         import torch
 
@@ -248,6 +254,7 @@ class HFBackend:
         self.default_stop_ids: list[int] = [int(eos)] if eos is not None else []
         """Stop ids used when ``params.stop_token_ids`` is empty (the tokenizer's eos)."""
         self.admit_wait_ms = float(admit_wait_ms)
+        self.min_shared_root = int(min_shared_root)
         self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20)) if prefix_cache_mb > 0 else None
         self._weights_version: int | None = None
         self._view: Any = None
@@ -466,6 +473,13 @@ class HFBackend:
         if self.prefix_cache is not None:
             with self._cv:
                 hits = [self.prefix_cache.take(p) for p in prompts]
+        root = 0
+        if len(prompts) > 1 and not any(hits):
+            root = min(common_prefix_len(prompts), min(map(len, prompts)) - 1)
+            if root >= self.min_shared_root:  # prefill the opening all prompts share once
+                hits = [(root, self._prefill(prompts[0][:root]))] * len(prompts)
+            else:
+                root = 0
         cached = [h[0] if h else 0 for h in hits]
         U, C = len(prompts), max(cached)
         S = max(len(p) - c for p, c in zip(prompts, cached, strict=True))
@@ -495,8 +509,8 @@ class HFBackend:
             input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, logits_to_keep=1
         )  # (U, V)
         self.stats["admissions"] += 1
-        self.stats["prefill_tokens"] += sum(len(p) - c for p, c in zip(prompts, cached, strict=True))
-        self.stats["prefix_hit_tokens"] += sum(cached[u] for u in row_of)
+        self.stats["prefill_tokens"] += root + sum(len(p) - c for p, c in zip(prompts, cached, strict=True))
+        self.stats["prefix_hit_tokens"] += 0 if root else sum(cached[u] for u in row_of)
         if len(new) > U:  # expand the distinct prompts back to one row per request
             sel = torch.tensor(row_of, device=dev)
             cache.batch_select_indices(sel)
@@ -504,6 +518,15 @@ class HFBackend:
         next_pos = torch.tensor([[len(r.prompt)] for r in new], device=dev)  # (n, 1)
         fresh = _Batch(new, cache, mask, next_pos, logits)
         return fresh if batch is None else _merge(batch, fresh)
+
+    def _prefill(self, tokens: Sequence[int]) -> KV:
+        """Keys and values of one token sequence, per layer (H, n, D)."""
+        import torch
+
+        cache = GrowingCache()
+        ids = torch.tensor([list(tokens)], device=self.device)  # (1, n)
+        self._forward(input_ids=ids, past_key_values=cache, logits_to_keep=1)
+        return [(layer.keys[0], layer.values[0]) for layer in _layers(cache)]
 
     def _step(self, batch: _Batch) -> _Batch | None:
         """Sample one token for every row, retire finished rows, and run the next decode forward."""
