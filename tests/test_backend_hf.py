@@ -210,7 +210,7 @@ def test_an_opening_shared_by_distinct_prompts_is_prefilled_once(model_tok):
     model, tok = model_tok
     be = HFBackend(model, tok, min_shared_root=8)
     system = [1, *range(20, 32)]  # 13 shared tokens
-    prompts = [system + [40, 41, 42], system + [50], system + [60, 61], system + [40, 41, 42]]
+    prompts = [[*system, 40, 41, 42], [*system, 50], [*system, 60, 61], [*system, 40, 41, 42]]
     res = _gen(be, prompts, temperature=1.0, max_new_tokens=8, seed=5, stop_token_ids=[-5])
     assert be.stats["prefill_tokens"] == 13 + 3 + 1 + 2  # the opening once, then each distinct rest
     assert be.stats["prefix_hit_tokens"] == 0
