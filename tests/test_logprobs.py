@@ -88,29 +88,43 @@ def test_reference_logprobs_have_no_graph_and_empty_mask(model):
         action_logprobs(model, ids, attn, bad)
 
 
+def episodes(vocab, g, T, rows):
+    """``(ids, attn, mask)`` for ``rows`` of ``(prompt, length)``: each row opens with its prompt,
+    continues with random action tokens up to ``length`` and is right padded to ``T``."""
+    ids = torch.randint(3, vocab, (len(rows), T), generator=g)
+    attn = torch.ones(len(rows), T, dtype=torch.long)
+    mask = torch.zeros(len(rows), T)
+    for b, (p, n) in enumerate(rows):
+        ids[b, : len(p)] = p
+        attn[b, n:] = 0
+        mask[b, len(p) : n] = 1
+    return ids, attn, mask
+
+
 def group_batch(vocab):
     """Two GRPO groups: rows 0-2 share a 9-token prompt, rows 3-4 a 6-token one; right padded."""
     g = torch.Generator().manual_seed(3)
     p1 = torch.randint(3, vocab, (9,), generator=g)
     p2 = torch.randint(3, vocab, (6,), generator=g)
-    T = 17
-    ids = torch.randint(3, vocab, (5, T), generator=g)
-    attn = torch.ones(5, T, dtype=torch.long)
-    mask = torch.zeros(5, T)
-    for b, (p, n) in enumerate([(p1, 17), (p1, 13), (p1, 15), (p2, 10), (p2, 16)]):
-        ids[b, : len(p)] = p
-        attn[b, n:] = 0
-        mask[b, len(p) : n] = 1
+    ids, attn, mask = episodes(vocab, g, 17, [(p1, 17), (p1, 13), (p1, 15), (p2, 10), (p2, 16)])
     mask[1, 11] = 0  # an observation inside the episode: not trained on
     return ids, attn, mask
 
 
-def test_shared_prompts_run_once_with_identical_values_and_gradients(model):
-    from flowgrpo.logprobs import _shared_prefixes
+def rooted_batch(vocab):
+    """Three prompts opening with the same 18 tokens (a system prompt): two groups and a lone row
+    whose prefix is exactly that root (its prompt is root + 1 token); right padded."""
+    g = torch.Generator().manual_seed(4)
+    root = torch.randint(3, vocab, (18,), generator=g)
+    p1 = torch.cat([root, torch.randint(3, vocab, (5,), generator=g)])
+    p2 = torch.cat([root, torch.randint(3, vocab, (3,), generator=g)])
+    p3 = torch.cat([root, torch.randint(3, vocab, (1,), generator=g)])
+    return episodes(vocab, g, 30, [(p1, 30), (p1, 27), (p2, 29), (p2, 25), (p3, 28)])
 
-    ids, attn, mask = group_batch(model.config.vocab_size)
-    plan = _shared_prefixes(ids, mask)
-    assert plan is not None and len(plan.prefixes) == 2 and plan.prefix_len.tolist() == [8, 8, 8, 5, 5]
+
+def assert_matches_naive(model, ids, attn, mask):
+    """Logprobs, entropies and every parameter's gradient of ``action_logprobs`` equal the naive
+    full log-softmax's; returns the logprobs."""
     model.zero_grad()
     lp, ent = action_logprobs(model, ids, attn, mask, with_entropy=True)
     lp.sum().backward()
@@ -123,27 +137,18 @@ def test_shared_prompts_run_once_with_identical_values_and_gradients(model):
     for n, p in model.named_parameters():
         torch.testing.assert_close(g1[n], p.grad, atol=1e-5, rtol=1e-4, msg=n)
     model.zero_grad()
+    return lp.detach()
+
+
+def test_shared_prompts_run_once_with_identical_values_and_gradients(model):
+    from flowgrpo.logprobs import _shared_prefixes
+
+    ids, attn, mask = group_batch(model.config.vocab_size)
+    plan = _shared_prefixes(ids, mask)
+    assert plan is not None and len(plan.prefixes) == 2 and plan.prefix_len.tolist() == [8, 8, 8, 5, 5]
+    lp = assert_matches_naive(model, ids, attn, mask)
     off, _ = action_logprobs(model, ids, attn, mask, share_prefix=False)
-    torch.testing.assert_close(lp.detach(), off.detach(), atol=1e-5, rtol=1e-5)
-
-
-def rooted_batch(vocab):
-    """Three prompts opening with the same 18 tokens (a system prompt): two groups and a lone row
-    whose prefix is exactly that root (its prompt is root + 1 token); right padded."""
-    g = torch.Generator().manual_seed(4)
-    root = torch.randint(3, vocab, (18,), generator=g)
-    p1 = torch.cat([root, torch.randint(3, vocab, (5,), generator=g)])
-    p2 = torch.cat([root, torch.randint(3, vocab, (3,), generator=g)])
-    p3 = torch.cat([root, torch.randint(3, vocab, (1,), generator=g)])
-    T = 30
-    ids = torch.randint(3, vocab, (5, T), generator=g)
-    attn = torch.ones(5, T, dtype=torch.long)
-    mask = torch.zeros(5, T)
-    for b, (p, n) in enumerate([(p1, 30), (p1, 27), (p2, 29), (p2, 25), (p3, 28)]):
-        ids[b, : len(p)] = p
-        attn[b, n:] = 0
-        mask[b, len(p) : n] = 1
-    return ids, attn, mask
+    torch.testing.assert_close(lp, off.detach(), atol=1e-5, rtol=1e-5)
 
 
 def test_a_root_shared_by_every_prompt_runs_once_with_identical_values_and_gradients(model):
@@ -152,17 +157,7 @@ def test_a_root_shared_by_every_prompt_runs_once_with_identical_values_and_gradi
     ids, attn, mask = rooted_batch(model.config.vocab_size)
     plan = _shared_prefixes(ids, mask)
     assert plan is not None and plan.root_len == 18 and len(plan.prefixes) == 3
-    model.zero_grad()
-    lp, _ = action_logprobs(model, ids, attn, mask)
-    lp.sum().backward()
-    g1 = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
-    ref_lp, _ = naive(model, ids, attn, mask)
-    ref_lp.sum().backward()
-    torch.testing.assert_close(lp, ref_lp, atol=1e-5, rtol=1e-5)
-    for n, p in model.named_parameters():
-        torch.testing.assert_close(g1[n], p.grad, atol=1e-5, rtol=1e-4, msg=n)
-    model.zero_grad()
+    assert_matches_naive(model, ids, attn, mask)
 
 
 def test_no_shared_pass_when_prompts_differ(model):
