@@ -211,30 +211,67 @@ def _run_train(args: argparse.Namespace) -> int:
 def add_eval_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "eval",
-        help="evaluate a run's latest checkpoint (or a config's untrained model) on a split",
-        description="Accuracy, mean turns, valid tool-call rate and termination counts on N tasks of a split, "
-        "one greedy episode per task.",
+        help="evaluate a run's checkpoint (or a config's untrained model); compare two checkpoints",
+        description="Accuracy with n and a 95%% interval (Wilson), mean turns, valid tool-call rate and "
+        "terminations on N tasks of a split: one greedy episode per task, or --samples K sampled episodes "
+        "with pass@k (k = 1, 2, 4, 8). --compare A B evaluates two checkpoints of a run (a step number, "
+        "'warm' or 'untrained') on the same tasks and prints the paired difference, its interval and "
+        "the exact McNemar p-value (recorded evaluations in RUN/eval.jsonl are reused).",
     )
     p.add_argument(
         "config", help="a run directory (its latest checkpoint) or a YAML config (untrained model)"
     )
     _config_args(p)
     p.add_argument("--split", choices=["train", "test"], default="test")
-    p.add_argument("--n", type=int, default=100, help="number of tasks (default 100)")
+    p.add_argument("--n", type=int, default=500, help="number of tasks (default 500)")
     p.add_argument(
-        "--sample", action="store_true", help="sample at the config's temperature instead of greedy"
+        "--samples",
+        type=int,
+        default=0,
+        help="sample K episodes per task at the config's temperature (pass@k) instead of one greedy one",
     )
     p.add_argument("--checkpoint", help="a checkpoint directory (default: the run's latest)")
+    p.add_argument("--compare", nargs=2, metavar=("A", "B"), help="two checkpoints: STEP, warm or untrained")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=_run_eval)
 
 
 def _run_eval(args: argparse.Namespace) -> int:
-    from flowgrpo.pipeline import evaluate_run, format_eval
+    from flowgrpo.pipeline import compare_checkpoints, evaluate_run
 
     cfg = _load(args.config, args.overrides)
-    rec = evaluate_run(cfg, split=args.split, n=args.n, greedy=not args.sample, checkpoint=args.checkpoint)
-    print(json.dumps(rec) if args.json else format_eval(rec))
+    if args.compare:
+        a, b = args.compare
+        try:
+            out = compare_checkpoints(cfg, a, b, split=args.split, n=args.n)
+        except (ValueError, FileNotFoundError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        cmp = out["comparison"]
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "a": out["a"].model_dump(exclude={"per_task"}),
+                        "b": out["b"].model_dump(exclude={"per_task"}),
+                        "comparison": cmp.model_dump(),
+                    }
+                )
+            )
+        else:
+            print(out["a"].summary())
+            print(out["b"].summary())
+            print(cmp.summary(a, b))
+        return 0
+    rec = evaluate_run(
+        cfg,
+        split=args.split,
+        n=args.n,
+        greedy=args.samples == 0,
+        samples=max(args.samples, 1),
+        checkpoint=args.checkpoint,
+    )
+    print(rec.model_dump_json(exclude={"per_task"}) if args.json else rec.summary())
     return 0
 
 

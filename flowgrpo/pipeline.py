@@ -15,78 +15,64 @@ from pathlib import Path
 from typing import Any
 
 from flowgrpo.config import TrainConfig
+from flowgrpo.evaluation import EvalResult, compare
+from flowgrpo.stats import paired_difference
 
 log = logging.getLogger(__name__)
 
 
-def eval_record(stats: dict[str, float], *, step: int, split: str, label: str) -> dict[str, Any]:
-    """One line of ``RUN/eval.jsonl`` from :func:`flowgrpo.metrics.rollout_stats` output."""
-    return {
-        "step": step,
-        "split": split,
-        "label": label,
-        "n": int(stats.get("episodes", 0)),
-        "accuracy": stats.get("accuracy", 0.0),
-        "reward_mean": stats.get("reward_mean", 0.0),
-        "mean_turns": stats.get("turns_mean", 0.0),
-        "valid_tool_call_rate": stats.get("valid_tool_call_rate"),
-        "terminations": {
-            k.split("/", 1)[1]: int(v) for k, v in stats.items() if k.startswith("termination/")
-        },
-    }
-
-
-def format_eval(rec: dict[str, Any]) -> str:
-    vt = rec["valid_tool_call_rate"]
-    terms = ", ".join(f"{k} {v}" for k, v in sorted(rec["terminations"].items()))
-    return (
-        f"{rec['label']:>7} (step {rec['step']}, {rec['split']}, n={rec['n']}): "
-        f"accuracy {rec['accuracy']:.3f}  reward {rec['reward_mean']:.3f}  turns {rec['mean_turns']:.2f}  "
-        f"valid tool calls {'-' if vt is None else f'{vt:.2f}'}  [{terms}]"
-    )
-
-
-def _append_jsonl(path: Path, rec: dict[str, Any]) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(rec) + "\n")
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def read_evals(run_dir: str | Path) -> list[EvalResult]:
+    """The evaluations recorded in ``RUN/eval.jsonl``, oldest first."""
+    path = Path(run_dir) / "eval.jsonl"
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    out = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            if "ci95" in rec:  # lines written before intervals existed are skipped
+                out.append(EvalResult.model_validate(rec))
+    return out
+
+
+def find_eval(evals: list[EvalResult], label: str, split: str = "test") -> EvalResult | None:
+    """The latest greedy evaluation called ``label`` on ``split``."""
+    hits = [e for e in evals if e.label == label and e.split == split and e.greedy]
+    return hits[-1] if hits else None
 
 
 def train_and_evaluate(cfg: TrainConfig, *, eval_n: int | None = 100, report: bool = True) -> dict[str, Any]:
-    """Run the main job for ``cfg``; returns ``{"before", "after", "train", "wall_s"}``."""
+    """Run the main job for ``cfg``; returns ``{"untrained", "warm", "after", "train", "wall_s"}``.
+
+    Held-out evaluations are greedy on the same first ``eval_n`` test tasks, so every pair of them is
+    compared with a paired test (exact McNemar) and the gain of RL is separated from the warm start's.
+    """
     from flowgrpo.trainer import Trainer
 
     t0 = time.monotonic()
     trainer = Trainer(cfg)
-    evals = trainer.out / "eval.jsonl"
-    before = next((r for r in _read_jsonl(evals) if r.get("label") == "before"), None)
+    evals = read_evals(trainer.out)
+    before = find_eval(evals, "untrained")
     if eval_n and before is None:
         print(f"evaluating the untrained policy on {eval_n} held-out tasks (greedy) ...", flush=True)
-        before = eval_record(
-            trainer.evaluate("test", eval_n), step=trainer.step, split="test", label="before"
-        )
-        _append_jsonl(evals, before)
-        print(format_eval(before), flush=True)
+        before = trainer.evaluate("test", eval_n, label="untrained", record=True)
+        print(before.summary(), flush=True)
+    warm = find_eval(evals, "warm")
     if cfg.sft.enabled and trainer.step == 0 and not trainer.counters["sft_done"]:
         print(f"warm start: supervised epochs on {cfg.sft.tasks} oracle demonstrations ...", flush=True)
         trainer.warm_start()
         trainer.save()  # a crash during RL resumes after the warm start, not before it
         if eval_n:
             # Separates what the warm start taught from what Flow-GRPO adds afterwards.
-            mid = eval_record(trainer.evaluate("test", eval_n), step=0, split="test", label="warm")
-            _append_jsonl(evals, mid)
-            print(format_eval(mid), flush=True)
+            warm = trainer.evaluate("test", eval_n, label="warm", record=True)
+            print(warm.summary(), flush=True)
     result = trainer.train()
     after = None
     if eval_n:
-        print(f"evaluating the trained policy on {eval_n} held-out tasks (greedy) ...", flush=True)
-        after = eval_record(trainer.evaluate("test", eval_n), step=trainer.step, split="test", label="after")
-        _append_jsonl(evals, after)
+        after = find_eval(read_evals(trainer.out), f"step{trainer.step}")
+        if after is None or after.n < eval_n:
+            print(f"evaluating the trained policy on {eval_n} held-out tasks (greedy) ...", flush=True)
+            after = trainer.evaluate("test", eval_n, label=f"step{trainer.step}", record=True)
     if report:
         from flowgrpo.report import build_report, plot_run
 
@@ -96,17 +82,24 @@ def train_and_evaluate(cfg: TrainConfig, *, eval_n: int | None = 100, report: bo
     print(
         f"\nrun directory: {trainer.out}  ({wall / 60:.1f} min, {result.get('status')} at step {trainer.step})"
     )
-    for rec in _read_jsonl(evals):
-        if rec.get("label") in ("before", "warm"):
-            print(format_eval(rec))
-    if after:
-        print(format_eval(after))
-    if before and after:
-        print(
-            f"held-out accuracy (greedy, same prompts): {before['accuracy']:.3f} -> {after['accuracy']:.3f} "
-            f"({100 * (after['accuracy'] - before['accuracy']):+.1f} points)"
-        )
-    return {"before": before, "after": after, "train": result, "wall_s": wall}
+    for rec in (before, warm, after):
+        if rec is not None:
+            print(rec.summary())
+    comparisons = {}
+    if after is not None:
+        for name, base in (("untrained", before), ("warm", warm)):
+            if base is not None:
+                cmp = compare(base, after)
+                comparisons[name] = cmp.model_dump()
+                print(cmp.summary(name, f"step {trainer.step}"))
+    return {
+        "untrained": before,
+        "warm": warm,
+        "after": after,
+        "comparisons": comparisons,
+        "train": result,
+        "wall_s": wall,
+    }
 
 
 def evaluate_run(
@@ -115,13 +108,64 @@ def evaluate_run(
     split: str = "test",
     n: int | None = None,
     greedy: bool = True,
+    samples: int = 1,
     checkpoint: str | None = None,
-) -> dict[str, Any]:
-    """Evaluate the latest (or a given) checkpoint of a run, or the untrained model of a config."""
+    label: str = "eval",
+    record: bool = False,
+) -> EvalResult:
+    """Evaluate the latest (or a given) checkpoint of a run, or the untrained model of a config
+    (``checkpoint="untrained"``)."""
     from flowgrpo.trainer import Trainer
 
     cfg = cfg.model_copy(deep=True)
-    cfg.run.resume = checkpoint or (Path(cfg.run.output_dir) / "checkpoints").is_dir()
+    if checkpoint == "untrained":
+        cfg.run.resume = False
+    else:
+        cfg.run.resume = checkpoint or (Path(cfg.run.output_dir) / "checkpoints").is_dir()
     trainer = Trainer(cfg)
-    rec = eval_record(trainer.evaluate(split, n, greedy=greedy), step=trainer.step, split=split, label="eval")
-    return rec
+    return trainer.evaluate(split, n, greedy=greedy, samples=samples, label=label, record=record)
+
+
+def side_label(side: str) -> str:
+    """``untrained`` / ``warm`` / a step number -> the label its evaluation is recorded under."""
+    if side in ("untrained", "warm"):
+        return side
+    if side.isdigit():
+        return f"step{int(side)}"
+    raise ValueError(f"a checkpoint to compare is 'untrained', 'warm' or a step number, got {side!r}")
+
+
+def compare_checkpoints(
+    cfg: TrainConfig, a: str, b: str, *, split: str = "test", n: int = 500
+) -> dict[str, Any]:
+    """Compare two checkpoints of a run on the same first ``n`` tasks of ``split`` (greedy).
+
+    Each side reuses its recorded evaluation in ``RUN/eval.jsonl`` when that covered at least ``n``
+    tasks; otherwise it is evaluated now (``warm`` is the step-0 checkpoint written after the warm
+    start) and recorded. Returns both results and the paired comparison.
+    """
+    from flowgrpo.checkpoint import checkpoint_dir
+
+    run = Path(cfg.run.output_dir)
+    results = {}
+    for side in (a, b):
+        label = side_label(side)
+        found = find_eval(read_evals(run), label, split)
+        if found is None or found.n < n:
+            if side == "untrained":
+                ckpt = "untrained"
+            else:
+                path = checkpoint_dir(run / "checkpoints", 0 if side == "warm" else int(side))
+                if not path.is_dir():
+                    raise FileNotFoundError(
+                        f"no recorded evaluation of {side!r} on {n} {split} tasks and no checkpoint at {path}: "
+                        "compare 'untrained', a step that still has a checkpoint, or lower --n"
+                    )
+                ckpt = str(path)
+            print(f"evaluating {side} on {n} {split} tasks (greedy) ...", flush=True)
+            found = evaluate_run(cfg, split=split, n=n, checkpoint=ckpt, label=label, record=True)
+        results[side] = found
+    ra, rb = results[a], results[b]
+    shared = [t for t in list(ra.per_task)[:n] if t in rb.per_task]
+    cmp = paired_difference(ra.outcomes(shared), rb.outcomes(shared))
+    return {"a": ra, "b": rb, "comparison": cmp}

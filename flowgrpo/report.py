@@ -57,13 +57,17 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _eval_series(
-    evals: Sequence[Mapping[str, Any]], key: str = "accuracy"
-) -> dict[str, list[tuple[float, float]]]:
+def _evals_by_split(evals: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
     by_split: dict[str, list[Mapping[str, Any]]] = {}
     for e in evals:
         by_split.setdefault(str(e.get("split", "eval")), []).append(e)
-    return {split: _series(recs, key) for split, recs in by_split.items()}
+    return by_split
+
+
+def _eval_series(
+    evals: Sequence[Mapping[str, Any]], key: str = "accuracy"
+) -> dict[str, list[tuple[float, float]]]:
+    return {split: _series(recs, key) for split, recs in _evals_by_split(evals).items()}
 
 
 def plot_run(run_dir: str | os.PathLike) -> Path:
@@ -83,15 +87,26 @@ def plot_run(run_dir: str | os.PathLike) -> Path:
         acc = _series(run.metrics, "accuracy")
         if acc:
             ax_a.plot(*zip(*acc, strict=True), marker="o", ms=3, color=PALETTE[0], label="train")
-        for i, (split, pts) in enumerate(sorted(_eval_series(run.evals).items())):
+        greedy = [e for e in run.evals if e.get("greedy", True) and e.get("label") != "untrained"]
+        for i, (split, recs) in enumerate(sorted(_evals_by_split(greedy).items())):
+            pts = [(float(e["step"]), float(e["accuracy"]), e.get("ci95")) for e in recs if "accuracy" in e]
             if pts:
-                ax_a.plot(
-                    *zip(*pts, strict=True),
+                xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+                err = None
+                if all(p[2] for p in pts):  # 95% intervals as error bars
+                    err = [[y - p[2][0] for y, p in zip(ys, pts, strict=True)],
+                           [p[2][1] - y for y, p in zip(ys, pts, strict=True)]]  # fmt: skip
+                n = recs[-1].get("n")
+                ax_a.errorbar(
+                    xs,
+                    ys,
+                    yerr=err,
                     marker="s",
                     ms=4,
                     ls="--",
+                    capsize=3,
                     color=PALETTE[(i + 1) % 7],
-                    label=f"eval ({split})",
+                    label=f"held-out {split}, greedy" + (f" (n={n}, 95% CI)" if err else ""),
                 )
         ax_a.set_title("accuracy")
         for ax in (ax_r, ax_a):
@@ -481,7 +496,11 @@ def render_report(
 ) -> str:
     """The report page of ``run`` as an HTML string."""
     e = html.escape
-    metrics, evals = _clean(run.metrics), _clean(run.evals)
+    # per-task outcomes serve paired comparisons (`flowgrpo eval --compare`), not the page
+    metrics, evals = (
+        _clean(run.metrics),
+        _clean([{k: v for k, v in e.items() if k != "per_task"} for e in run.evals]),
+    )
     charts = [
         svg_line_chart(
             {"train": _series(metrics, "reward_mean")}, title="mean reward", chart_id="chart-reward"

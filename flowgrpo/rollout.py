@@ -254,8 +254,10 @@ class RolloutEngine:
         group_size: int,
         *,
         policy_version: int = 0,
+        on_episode: Callable[[Trajectory], None] | None = None,
     ) -> list[TrajectoryGroup]:
-        """``group_size`` episodes per task, all run concurrently; one group per task, in order."""
+        """``group_size`` episodes per task, all run concurrently; one group per task, in order.
+        ``on_episode`` is called with each trajectory as its episode ends (e.g. a progress bar)."""
         if self.backend is None:
             raise ValueError("this RolloutEngine has no backend; use rollout_text_policy for text policies")
         cfg = self.config
@@ -301,7 +303,7 @@ class RolloutEngine:
         runner = None if continuous else asyncio.create_task(batcher.run())
         try:
             groups = await self._run_groups(
-                env_factory, tasks, group_size, policy_version, model_actor, batcher
+                env_factory, tasks, group_size, policy_version, model_actor, batcher, on_episode
             )
         finally:
             if runner is not None:
@@ -321,20 +323,36 @@ class RolloutEngine:
         group_size: int,
         *,
         policy_version: int = 0,
+        on_episode: Callable[[Trajectory], None] | None = None,
     ) -> list[TrajectoryGroup]:
         """Blocking wrapper of :meth:`rollout_groups` (must not be called inside a running loop)."""
-        return asyncio.run(self.rollout_groups(env_factory, tasks, group_size, policy_version=policy_version))
+        return asyncio.run(
+            self.rollout_groups(
+                env_factory, tasks, group_size, policy_version=policy_version, on_episode=on_episode
+            )
+        )
 
     # ------------------------------------------------------------------ internals
-    async def _run_groups(self, env_factory, tasks, group_size, policy_version, make_actor, batcher):
+    async def _run_groups(
+        self, env_factory, tasks, group_size, policy_version, make_actor, batcher, on_episode=None
+    ):
         if group_size < 1:
             raise ValueError("group_size must be >= 1")
         groups = [TrajectoryGroup(task=t) for t in tasks]
+
+        async def reported(job: Awaitable[Trajectory]) -> Trajectory:
+            traj = await job
+            if on_episode is not None:
+                on_episode(traj)
+            return traj
+
         jobs = []
         for g in groups:
             for _ in range(group_size):
                 jobs.append(
-                    self._episode(env_factory, g.task, g.group_id, policy_version, make_actor, batcher)
+                    reported(
+                        self._episode(env_factory, g.task, g.group_id, policy_version, make_actor, batcher)
+                    )
                 )
         trajs = await asyncio.gather(*jobs)
         for i, g in enumerate(groups):

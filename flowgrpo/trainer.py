@@ -51,6 +51,7 @@ from flowgrpo.batching import MicroBatch, Row, build_rows, micro_batches
 from flowgrpo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, seed_everything
 from flowgrpo.config import TrainConfig, dump_config
 from flowgrpo.env import Environment
+from flowgrpo.evaluation import EvalResult
 from flowgrpo.hardware import resolve_autocast
 from flowgrpo.logprobs import action_logprobs
 from flowgrpo.loss import policy_loss, sft_loss, truncated_is_weights
@@ -236,8 +237,15 @@ class Trainer:
                     tok_s=f"{last['tokens_per_s']:.0f}",
                 )
                 if cfg.run.eval_every and self.step % cfg.run.eval_every == 0:
-                    ev = self.evaluate(n=cfg.run.eval_n)
-                    self.metrics.log(self.step, {f"eval/{k}": v for k, v in ev.items()})
+                    ev = self.evaluate(n=cfg.run.eval_n, label=f"step{self.step}", record=True)
+                    self.metrics.log(
+                        self.step,
+                        {
+                            "eval/accuracy": ev.accuracy,
+                            "eval/ci95_low": ev.ci95[0],
+                            "eval/ci95_high": ev.ci95[1],
+                        },
+                    )
                 if self._stop_signal is not None:
                     log.warning(
                         "signal %d: checkpointing at step %d and stopping", self._stop_signal, self.step
@@ -499,26 +507,55 @@ class Trainer:
                 signal.signal(s, h)
 
     # ------------------------------------------------------------------ evaluation and warm start
-    def evaluate(self, split: str = "test", n: int | None = None, greedy: bool = True) -> dict[str, float]:
-        """Accuracy, reward, mean turns, valid tool-call rate and termination counts on ``n`` tasks
-        of ``split`` (one episode each; greedy unless ``greedy=False``). Usable before/after training."""
-        from flowgrpo.rollout import RolloutEngine
+    def evaluate(
+        self,
+        split: str = "test",
+        n: int | None = None,
+        *,
+        greedy: bool = True,
+        samples: int = 1,
+        label: str = "eval",
+        record: bool = False,
+    ) -> EvalResult:
+        """Accuracy with its 95% interval, pass@k, reward, turns, valid tool-call rate and terminations
+        on the first ``n`` tasks of ``split`` (all when None): one greedy episode per task, or
+        ``samples`` sampled ones with ``greedy=False``. ``record`` appends the result to ``RUN/eval.jsonl``
+        and writes the episodes to ``RUN/eval/LABEL.jsonl`` (for replay, paired comparisons and failure
+        analysis). Usable before/after training."""
+        from flowgrpo.evaluation import evaluate
 
         tasks = self._probe_env.tasks(split)  # type: ignore[arg-type]
         tasks = tasks[:n] if n else tasks
-        cfg = self.cfg.rollout
-        if greedy:
-            cfg = cfg.model_copy(update={"sampling": cfg.sampling.model_copy(update={"temperature": 0.0})})
-        groups = RolloutEngine(self.backend, self.tokenizer, cfg).run_groups(self.env_factory, tasks, 1)
-        self.reward.score_groups(groups)
-        return rollout_stats(groups, getattr(self._probe_env, "parser", None))
+        result, groups = evaluate(
+            self.backend,
+            self.tokenizer,
+            self.cfg.rollout,
+            self.env_factory,
+            tasks,
+            self.reward,
+            samples=samples,
+            greedy=greedy,
+            label=label,
+            step=self.step,
+            split=split,
+            parser=getattr(self._probe_env, "parser", None),
+            progress=self.cfg.run.progress,
+        )
+        if record:
+            from flowgrpo.store import TrajectoryWriter
 
-    def demonstrations(self, n_tasks: int, policy: Any = None) -> list[Trajectory]:
-        """Oracle (or ``policy``) episodes on ``n_tasks`` train tasks via the rollout engine's
-        text-policy path: normal trajectories with exact token ids, scored by our rewards."""
+            with TrajectoryWriter(self.out / "eval" / f"{label}.jsonl") as w:
+                w.write_groups(groups)
+            with open(self.out / "eval.jsonl", "a") as f:
+                f.write(result.model_dump_json() + "\n")
+        return result
+
+    def demonstrations(self, n_tasks: int, policy: Any = None, *, offset: int = 0) -> list[Trajectory]:
+        """Oracle (or ``policy``) episodes on train tasks ``offset .. offset + n_tasks`` via the rollout
+        engine's text-policy path: normal trajectories with exact token ids, scored by our rewards."""
         from flowgrpo.rollout import run_text_policy
 
-        tasks = self._probe_env.tasks("train")[:n_tasks]
+        tasks = self._probe_env.tasks("train")[offset : offset + n_tasks]
         groups = run_text_policy(self.env_factory, tasks, policy, self.tokenizer, self.cfg.rollout)
         self.reward.score_groups(groups)
         return [t for g in groups for t in g.trajectories]

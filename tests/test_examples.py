@@ -71,7 +71,8 @@ def test_yaml_example_trains_one_step(name, tmp_path):
     assert rl and rl[-1]["episodes"] == 4.0 and "loss" in rl[-1]  # 2 tasks x 2, and an update ran
     evals = [json.loads(x) for x in (tmp_path / "eval.jsonl").read_text().splitlines()]
     warm = [("warm", 2)] if "sft.enabled=false" not in EXTRA[name] else []  # eval after the warm start
-    assert [(e["label"], e["n"]) for e in evals] == [("before", 2), *warm, ("after", 2)]
+    assert [(e["label"], e["n"]) for e in evals] == [("untrained", 2), *warm, ("step1", 2)]
+    assert all(len(e["per_task"]) == 2 and len(e["ci95"]) == 2 for e in evals)  # paired tests need these
     assert (tmp_path / "checkpoints" / "step_000001" / "state.pt").is_file()
     trajs = read_trajectories(tmp_path / "trajectories" / "step_000001.jsonl")
     assert len(trajs) == 4
@@ -83,6 +84,31 @@ def test_yaml_example_trains_one_step(name, tmp_path):
         name
     ]
     assert f"name: {expected_env}" in cfg_env
+    if name == "calculator_agent":
+        _check_compare_and_failures(tmp_path)
+
+
+def _check_compare_and_failures(run):
+    """`flowgrpo eval RUN --compare` reuses the recorded evaluations (same tasks, paired test), and
+    the failure taxonomy classifies every recorded held-out episode."""
+    import contextlib
+    import io
+
+    from benchmarks.failures import CLASSES, main as failures_main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert cli_main(["eval", str(run), "--compare", "warm", "1", "--n", "2"]) == 0
+    out = buf.getvalue()
+    assert "on the same 2 tasks" in out and "McNemar exact p =" in out
+    # an unknown side is a usage error (exit 2, the fix in the message), not a traceback
+    assert cli_main(["eval", str(run), "--compare", "best", "1", "--n", "2"]) == 2
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert failures_main([str(run), "untrained", "step1"]) == 0
+    rows = [line.split() for line in buf.getvalue().splitlines()]
+    assert [r[0] for r in rows] == list(CLASSES)
+    assert sum(int(r[1]) for r in rows) == 2 and sum(int(r[3]) for r in rows) == 2
 
 
 def test_custom_tool_example_rolls_out():

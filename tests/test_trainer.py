@@ -110,7 +110,8 @@ def test_reward_rises_on_the_toy_environment(tmp_path):
     trajs = read_trajectories(tmp_path / "run" / "trajectories" / "step_000001.jsonl")
     assert len(trajs) == 24 and all(t.turns[0].advantage is not None for t in trajs)
     ev = tr.evaluate(n=4)
-    assert ev["episodes"] == 4 and 0.0 <= ev["accuracy"] <= 1.0 and ev["turns_mean"] == 1.0
+    assert ev.n == 4 and 0.0 <= ev.accuracy <= 1.0 and ev.mean_turns == 1.0
+    assert ev.ci95[0] <= ev.accuracy <= ev.ci95[1] and len(ev.per_task) == 4
 
 
 # Bit-exact reruns need batches that timing cannot change: static scheduling (the default,
