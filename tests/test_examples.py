@@ -94,7 +94,8 @@ def _check_compare_and_failures(run):
     import contextlib
     import io
 
-    from benchmarks.failures import CLASSES, main as failures_main
+    from benchmarks.failures import CLASSES
+    from benchmarks.failures import main as failures_main
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
