@@ -12,11 +12,13 @@ exactly one class, first match wins:
 - ``no_calculator``: answered without a successful calculator result
 - ``calculator_error``: the last calculator call returned an error
 - ``right_value_wrong_answer``: some calculator result equals the gold answer, the final answer does not
-- ``order_of_operations``: one expression holding the problem's operations whose left-to-right
-  reading gives the gold answer but whose precedence does not (missing parentheses)
-- ``wrong_operands``: the expression's numbers differ from the problem's (one dropped, one invented)
+- ``order_of_operations``: the oracle's numbers, and a left-to-right reading gives the gold answer
+  but precedence does not (missing parentheses)
+- ``wrong_operator``: the oracle's numbers, combined with other operators ("gives 37 away" as ``+ 37``)
+- ``extra_operation``: more numbers than the oracle's expression (an invented ``* 3``, ``- 1``)
+- ``missing_operation``: fewer numbers than the oracle's expression (a step of the story dropped)
+- ``wrong_numbers``: as many numbers as the oracle's, but not the same ones (a number miscopied)
 - ``lost_track``: several calculator calls whose last result is wrong (the chain broke across turns)
-- ``wrong_expression``: any other wrong single expression built from the text
 
 Prints one column per label (counts and shares of all episodes), so the table shows which failures
 RL removed between the warm start and the trained checkpoint.
@@ -42,9 +44,11 @@ CLASSES = (
     "calculator_error",
     "right_value_wrong_answer",
     "order_of_operations",
-    "wrong_operands",
+    "wrong_operator",
+    "extra_operation",
+    "missing_operation",
+    "wrong_numbers",
     "lost_track",
-    "wrong_expression",
 )
 
 _NUM = re.compile(r"\d+")
@@ -65,7 +69,7 @@ def left_to_right(expression: str) -> int | None:
     return round(value) if value == value and abs(value - round(value)) < 1e-9 else None
 
 
-def classify(traj: Trajectory, gold: str, prompt: str) -> str:
+def classify(traj: Trajectory, gold: str, oracle_expression: str) -> str:
     """The failure class of one episode (see the module docstring)."""
     if accuracy_of(traj) >= 1.0:
         return "correct"
@@ -88,12 +92,15 @@ def classify(traj: Trajectory, gold: str, prompt: str) -> str:
     if len(calls) > 1:
         return "lost_track"
     expr = ok[-1][0]
-    if sorted(_NUM.findall(expr)) != sorted(_NUM.findall(prompt)):
-        return "wrong_operands"
+    mine, want = sorted(_NUM.findall(expr)), sorted(_NUM.findall(oracle_expression))
+    if len(mine) > len(want):
+        return "extra_operation"
+    if len(mine) < len(want):
+        return "missing_operation"
+    if mine != want:
+        return "wrong_numbers"
     l2r = left_to_right(expr)
-    if l2r is not None and str(l2r) == gold:
-        return "order_of_operations"
-    return "wrong_expression"
+    return "order_of_operations" if l2r is not None and str(l2r) == gold else "wrong_operator"
 
 
 def taxonomy(run: Path, label: str, tasks: dict[str, tuple[str, str]]) -> Counter[str]:
@@ -102,8 +109,8 @@ def taxonomy(run: Path, label: str, tasks: dict[str, tuple[str, str]]) -> Counte
         raise SystemExit(f"{path} does not exist: evaluate with record=True (every pipeline evaluation does)")
     counts: Counter[str] = Counter()
     for traj in read_trajectories(path):
-        gold, prompt = tasks[traj.task_id]
-        counts[classify(traj, gold, prompt)] += 1
+        gold, expression = tasks[traj.task_id]
+        counts[classify(traj, gold, expression)] += 1
     return counts
 
 
@@ -119,7 +126,11 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = load_config(run / "config.yaml")
     env = make(cfg.env.name, **cfg.env.kwargs)
-    tasks = {t.id: (t.answer or "", t.prompt) for split in ("train", "test") for t in env.tasks(split)}
+    tasks = {
+        t.id: (t.answer or "", str(t.metadata.get("expression", "")))
+        for split in ("train", "test")
+        for t in env.tasks(split)
+    }
     cols = {label: taxonomy(run, label, tasks) for label in args.labels}
     totals = {label: sum(c.values()) for label, c in cols.items()}
     if args.markdown:

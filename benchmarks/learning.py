@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -99,14 +100,18 @@ def main(argv: list[str] | None = None) -> int:
     warm_s = warm_start(trainer, Path(args.warm_cache))
     curve: list[dict[str, Any]] = []
     warm_eval = Path(args.warm_cache) / f"warm-{warm_key(cfg)}-eval{args.eval_n}.json"
-    if warm_eval.is_file():  # every arm starts from the same weights: evaluate them once
+    warm_trajs = warm_eval.with_suffix(".jsonl")
+    if warm_eval.is_file() and warm_trajs.is_file():  # every arm starts from the same weights
         warm = EvalResult.model_validate_json(warm_eval.read_text())
         with open(out / "eval.jsonl", "a") as f:
             f.write(warm.model_dump_json() + "\n")
+        (out / "eval").mkdir(exist_ok=True)
+        shutil.copyfile(warm_trajs, out / "eval" / "warm.jsonl")
         print(warm.summary(), "(cached)", flush=True)
     else:
         warm = run_eval(trainer, args.eval_n, "warm", out)
         warm_eval.write_text(warm.model_dump_json())
+        shutil.copyfile(out / "eval" / "warm.jsonl", warm_trajs)
     curve.append({"step": 0, "train_min": 0.0, "accuracy": warm.accuracy, "ci95": warm.ci95})
     if args.passk:
         for split in ("train", "test"):

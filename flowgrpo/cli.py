@@ -195,7 +195,15 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("config", help="YAML config file (see examples/) or an existing run directory")
     _config_args(p)
-    p.add_argument("--eval-n", type=int, default=100, help="held-out tasks evaluated before/after (0: skip)")
+    p.add_argument(
+        "--eval-n",
+        type=int,
+        default=100,
+        help="held-out tasks evaluated after the warm start and after RL (0: skip)",
+    )
+    p.add_argument(
+        "--untrained-n", type=int, help="held-out tasks evaluated before training (default: --eval-n)"
+    )
     p.add_argument("--no-report", action="store_true", help="skip plot.png and report.html")
     p.set_defaults(func=_run_train)
 
@@ -204,7 +212,9 @@ def _run_train(args: argparse.Namespace) -> int:
     from flowgrpo.pipeline import train_and_evaluate
 
     cfg = _load(args.config, args.overrides)
-    out = train_and_evaluate(cfg, eval_n=args.eval_n or None, report=not args.no_report)
+    out = train_and_evaluate(
+        cfg, eval_n=args.eval_n or None, untrained_n=args.untrained_n, report=not args.no_report
+    )
     return 0 if out["train"].get("status") in ("finished", "interrupted") else 1
 
 

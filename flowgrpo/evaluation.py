@@ -156,10 +156,16 @@ def evaluate(
             bar.update(1)
 
     t0 = time.monotonic()
+    # Waves of at most one batch of episodes: all episodes of a wave decode together and each keeps
+    # its keys/values between turns. One wave of 500 episodes would queue later turns behind first
+    # turns until the prefix cache had evicted them, re-prefilling every context (measured: 64
+    # episodes 51 s, 200 episodes > 4 min on 2 CPU cores).
+    engine = RolloutEngine(backend, tokenizer, cfg)
+    per_wave = max(1, (cfg.max_batch_size or backend.max_batch_size) // samples)
+    groups: list[TrajectoryGroup] = []
     try:
-        groups = RolloutEngine(backend, tokenizer, cfg).run_groups(
-            env_factory, tasks, samples, on_episode=on_episode
-        )
+        for i in range(0, len(tasks), per_wave):
+            groups += engine.run_groups(env_factory, tasks[i : i + per_wave], samples, on_episode=on_episode)
     finally:
         if bar is not None:
             bar.close()

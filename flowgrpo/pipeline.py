@@ -41,21 +41,27 @@ def find_eval(evals: list[EvalResult], label: str, split: str = "test") -> EvalR
     return hits[-1] if hits else None
 
 
-def train_and_evaluate(cfg: TrainConfig, *, eval_n: int | None = 100, report: bool = True) -> dict[str, Any]:
-    """Run the main job for ``cfg``; returns ``{"untrained", "warm", "after", "train", "wall_s"}``.
+def train_and_evaluate(
+    cfg: TrainConfig, *, eval_n: int | None = 100, untrained_n: int | None = None, report: bool = True
+) -> dict[str, Any]:
+    """Run the main job for ``cfg``; returns ``{"untrained", "warm", "after", "comparisons", "train",
+    "wall_s"}``.
 
     Held-out evaluations are greedy on the same first ``eval_n`` test tasks, so every pair of them is
     compared with a paired test (exact McNemar) and the gain of RL is separated from the warm start's.
+    ``untrained_n`` (default ``eval_n``) sizes the untrained policy's evaluation, whose episodes run to
+    the token limit and cost several times a trained one's.
     """
+    untrained_n = untrained_n or eval_n
     from flowgrpo.trainer import Trainer
 
     t0 = time.monotonic()
     trainer = Trainer(cfg)
     evals = read_evals(trainer.out)
     before = find_eval(evals, "untrained")
-    if eval_n and before is None:
-        print(f"evaluating the untrained policy on {eval_n} held-out tasks (greedy) ...", flush=True)
-        before = trainer.evaluate("test", eval_n, label="untrained", record=True)
+    if untrained_n and before is None:
+        print(f"evaluating the untrained policy on {untrained_n} held-out tasks (greedy) ...", flush=True)
+        before = trainer.evaluate("test", untrained_n, label="untrained", record=True)
         print(before.summary(), flush=True)
     warm = find_eval(evals, "warm")
     if cfg.sft.enabled and trainer.step == 0 and not trainer.counters["sft_done"]:
@@ -64,6 +70,7 @@ def train_and_evaluate(cfg: TrainConfig, *, eval_n: int | None = 100, report: bo
         trainer.save()  # a crash during RL resumes after the warm start, not before it
         if eval_n:
             # Separates what the warm start taught from what Flow-GRPO adds afterwards.
+            print(f"evaluating the warm-started policy on {eval_n} held-out tasks (greedy) ...", flush=True)
             warm = trainer.evaluate("test", eval_n, label="warm", record=True)
             print(warm.summary(), flush=True)
     result = trainer.train()
