@@ -12,7 +12,7 @@ env:
 MALLOC_TUNED := GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=68719476736
 
 demo: env
-	$(MALLOC_TUNED) $(PY) -m flowgrpo train examples/calculator_agent.yaml $(DEMO_ARGS)
+	$(MALLOC_TUNED) $(PY) -m flowgrpo train examples/calculator_agent.yaml --eval-n 500 --untrained-n 100 $(DEMO_ARGS)
 
 test: env
 	$(PY) -m ruff check .

@@ -73,7 +73,7 @@ def train_and_evaluate(
             print(f"evaluating the warm-started policy on {eval_n} held-out tasks (greedy) ...", flush=True)
             warm = trainer.evaluate("test", eval_n, label="warm", record=True)
             print(warm.summary(), flush=True)
-    result = trainer.train()
+    result = trainer.train(eval_last_step=not eval_n)
     after = None
     if eval_n:
         after = find_eval(read_evals(trainer.out), f"step{trainer.step}")

@@ -212,10 +212,12 @@ class Trainer:
         )
 
     # ------------------------------------------------------------------ the loop
-    def train(self, until_step: int | None = None) -> dict[str, Any]:
+    def train(self, until_step: int | None = None, *, eval_last_step: bool = True) -> dict[str, Any]:
         """Run RL steps until ``config.train.steps`` (or ``until_step``), checkpointing every
-        ``run.save_every`` steps and at the end. SIGINT/SIGTERM finish the current step, write a
-        checkpoint and return (``status: "interrupted"``)."""
+        ``run.save_every`` steps and at the end, with a held-out evaluation every ``run.eval_every``
+        steps (``eval_last_step=False`` skips it at the last step, for a caller that evaluates the
+        final policy on more tasks). SIGINT/SIGTERM finish the current step, write a checkpoint and
+        return (``status: "interrupted"``)."""
         from tqdm.auto import tqdm
 
         cfg = self.cfg
@@ -236,7 +238,11 @@ class Trainer:
                     acc=f"{last['accuracy']:.2f}",
                     tok_s=f"{last['tokens_per_s']:.0f}",
                 )
-                if cfg.run.eval_every and self.step % cfg.run.eval_every == 0:
+                if (
+                    cfg.run.eval_every
+                    and self.step % cfg.run.eval_every == 0
+                    and (eval_last_step or self.step < target)
+                ):
                     ev = self.evaluate(n=cfg.run.eval_n, label=f"step{self.step}", record=True)
                     self.metrics.log(
                         self.step,

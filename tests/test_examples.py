@@ -26,6 +26,7 @@ SMOKE = [
     "train.tasks_per_step=2",
     "train.group_size=2",
     "train.drop_zero_variance_groups=false",  # a random model's groups tie: still run the update
+    "train.resample_rounds=0",
     "rollout.max_new_tokens=16",
     "sft.tasks=4",
     "sft.epochs=1",
