@@ -86,17 +86,17 @@ def plot_run(run_dir: str | os.PathLike) -> Path:
         ax_r.set_title("mean reward")
         acc = _series(run.metrics, "accuracy")
         if acc:
-            ax_a.plot(*zip(*acc, strict=True), marker="o", ms=3, color=PALETTE[0], label="train")
+            ax_a.plot(*zip(*acc, strict=True), marker="o", ms=3, color=PALETTE[0], label="train (sampled)")
         greedy = [e for e in run.evals if e.get("greedy", True) and e.get("label") != "untrained"]
         for i, (split, recs) in enumerate(sorted(_evals_by_split(greedy).items())):
-            pts = [(float(e["step"]), float(e["accuracy"]), e.get("ci95")) for e in recs if "accuracy" in e]
+            recs = [e for e in recs if "accuracy" in e]
+            pts = [(float(e["step"]), float(e["accuracy"]), e.get("ci95")) for e in recs]
             if pts:
                 xs, ys = [p[0] for p in pts], [p[1] for p in pts]
                 err = None
                 if all(p[2] for p in pts):  # 95% intervals as error bars
                     err = [[y - p[2][0] for y, p in zip(ys, pts, strict=True)],
                            [p[2][1] - y for y, p in zip(ys, pts, strict=True)]]  # fmt: skip
-                n = recs[-1].get("n")
                 ax_a.errorbar(
                     xs,
                     ys,
@@ -106,8 +106,12 @@ def plot_run(run_dir: str | os.PathLike) -> Path:
                     ls="--",
                     capsize=3,
                     color=PALETTE[(i + 1) % 7],
-                    label=f"held-out {split}, greedy" + (f" (n={n}, 95% CI)" if err else ""),
+                    label=f"held-out {split}, greedy" + (" (95% CI)" if err else ""),
                 )
+                for e, x, y in zip(recs, xs, ys, strict=True):
+                    ax_a.annotate(
+                        f"n={e.get('n')}", (x, y), textcoords="offset points", xytext=(6, -10), fontsize=7
+                    )
         ax_a.set_title("accuracy")
         for ax in (ax_r, ax_a):
             ax.set_xlabel("step")
