@@ -526,8 +526,8 @@ class Trainer:
         """Accuracy with its 95% interval, pass@k, reward, turns, valid tool-call rate and terminations
         on the first ``n`` tasks of ``split`` (all when None): one greedy episode per task, or
         ``samples`` sampled ones with ``greedy=False``. ``record`` appends the result to ``RUN/eval.jsonl``
-        and writes the episodes to ``RUN/eval/LABEL.jsonl`` (for replay, paired comparisons and failure
-        analysis). Usable before/after training."""
+        and writes the episodes to ``RUN/eval/LABEL.jsonl``, replacing an earlier evaluation's (for
+        replay, paired comparisons and failure analysis). Usable before/after training."""
         from flowgrpo.evaluation import evaluate
 
         tasks = self._probe_env.tasks(split)  # type: ignore[arg-type]
@@ -550,7 +550,9 @@ class Trainer:
         if record:
             from flowgrpo.store import TrajectoryWriter
 
-            with TrajectoryWriter(self.out / "eval" / f"{label}.jsonl") as w:
+            episodes = self.out / "eval" / f"{label}.jsonl"
+            episodes.unlink(missing_ok=True)  # the latest evaluation of a label replaces its episodes
+            with TrajectoryWriter(episodes) as w:
                 w.write_groups(groups)
             with open(self.out / "eval.jsonl", "a") as f:
                 f.write(result.model_dump_json() + "\n")
