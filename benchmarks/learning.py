@@ -66,9 +66,7 @@ def warm_start(trainer: Trainer, cache: Path) -> float:
     return secs
 
 
-def run_eval(
-    trainer: Trainer, n: int, label: str, out: Path, split: str = "test", samples: int = 1
-) -> EvalResult:
+def run_eval(trainer: Trainer, n: int, label: str, split: str = "test", samples: int = 1) -> EvalResult:
     res = trainer.evaluate(split, n, samples=samples, greedy=samples == 1, label=label, record=True)
     print(res.summary(), flush=True)
     return res
@@ -109,13 +107,13 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copyfile(warm_trajs, out / "eval" / "warm.jsonl")
         print(warm.summary(), "(cached)", flush=True)
     else:
-        warm = run_eval(trainer, args.eval_n, "warm", out)
+        warm = run_eval(trainer, args.eval_n, "warm")
         warm_eval.write_text(warm.model_dump_json())
         shutil.copyfile(out / "eval" / "warm.jsonl", warm_trajs)
     curve.append({"step": 0, "train_min": 0.0, "accuracy": warm.accuracy, "ci95": warm.ci95})
     if args.passk:
         for split in ("train", "test"):
-            run_eval(trainer, args.passk, f"warm-pass@8-{split}", out, split=split, samples=8)
+            run_eval(trainer, args.passk, f"warm-pass@8-{split}", split=split, samples=8)
 
     budget = args.minutes * 60
     trained = 0.0
@@ -145,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         trained += time.monotonic() - t0
         if trained >= next_eval or trained >= budget:
             next_eval += args.eval_every_min * 60
-            last = run_eval(trainer, args.eval_n, f"step{trainer.step}", out)
+            last = run_eval(trainer, args.eval_n, f"step{trainer.step}")
             curve.append(
                 {
                     "step": trainer.step,

@@ -182,11 +182,12 @@ def evaluate(
     return result, groups
 
 
-def compare(a: EvalResult, b: EvalResult) -> PairedComparison:
-    """Paired comparison of two greedy evaluations on the tasks they share (exact McNemar)."""
+def compare(a: EvalResult, b: EvalResult, *, n: int | None = None) -> PairedComparison:
+    """Paired comparison of two greedy evaluations on the tasks they share (exact McNemar), limited
+    to the first ``n`` tasks of ``a`` when given."""
     if a.samples != 1 or b.samples != 1:
         raise ValueError("compare needs one episode per task on both sides (greedy evaluations)")
-    shared = [t for t in a.per_task if t in b.per_task]
+    shared = [t for t in list(a.per_task)[:n] if t in b.per_task]
     if not shared:
         raise ValueError(f"{a.label!r} and {b.label!r} share no tasks: evaluate both on the same split and n")
     return paired_difference(a.outcomes(shared), b.outcomes(shared))

@@ -16,7 +16,6 @@ from typing import Any
 
 from flowgrpo.config import TrainConfig
 from flowgrpo.evaluation import EvalResult, compare
-from flowgrpo.stats import paired_difference
 
 log = logging.getLogger(__name__)
 
@@ -154,10 +153,11 @@ def compare_checkpoints(
     from flowgrpo.checkpoint import checkpoint_dir
 
     run = Path(cfg.run.output_dir)
+    recorded = read_evals(run)
     results = {}
     for side in (a, b):
         label = side_label(side)
-        found = find_eval(read_evals(run), label, split)
+        found = find_eval(recorded, label, split)
         if found is None or found.n < n:
             if side == "untrained":
                 ckpt = "untrained"
@@ -172,7 +172,4 @@ def compare_checkpoints(
             print(f"evaluating {side} on {n} {split} tasks (greedy) ...", flush=True)
             found = evaluate_run(cfg, split=split, n=n, checkpoint=ckpt, label=label, record=True)
         results[side] = found
-    ra, rb = results[a], results[b]
-    shared = [t for t in list(ra.per_task)[:n] if t in rb.per_task]
-    cmp = paired_difference(ra.outcomes(shared), rb.outcomes(shared))
-    return {"a": ra, "b": rb, "comparison": cmp}
+    return {"a": results[a], "b": results[b], "comparison": compare(results[a], results[b], n=n)}
