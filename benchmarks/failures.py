@@ -29,11 +29,10 @@ from __future__ import annotations
 import argparse
 import re
 from collections import Counter
-from pathlib import Path
 
 from flowgrpo.metrics import accuracy_of
 from flowgrpo.rewards import final_answer, math_equal
-from flowgrpo.store import read_trajectories
+from flowgrpo.rundir import RunDir, RunError
 from flowgrpo.types import Termination, Trajectory
 
 CLASSES = (
@@ -103,12 +102,9 @@ def classify(traj: Trajectory, gold: str, oracle_expression: str) -> str:
     return "order_of_operations" if l2r is not None and str(l2r) == gold else "wrong_operator"
 
 
-def taxonomy(run: Path, label: str, tasks: dict[str, tuple[str, str]]) -> Counter[str]:
-    path = run / "eval" / f"{label}.jsonl"
-    if not path.is_file():
-        raise SystemExit(f"{path} does not exist: evaluate with record=True (every pipeline evaluation does)")
+def taxonomy(run: RunDir, label: str, tasks: dict[str, tuple[str, str]]) -> Counter[str]:
     counts: Counter[str] = Counter()
-    for traj in read_trajectories(path):
+    for traj in run.eval_episodes(label):
         gold, expression = tasks[traj.task_id]
         counts[classify(traj, gold, expression)] += 1
     return counts
@@ -120,18 +116,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("labels", nargs="+", help="evaluation labels, e.g. warm step40")
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args(argv)
-    run = Path(args.run)
-    from flowgrpo.config import load_config
     from flowgrpo.env import make
 
-    cfg = load_config(run / "config.yaml")
-    env = make(cfg.env.name, **cfg.env.kwargs)
-    tasks = {
-        t.id: (t.answer or "", str(t.metadata.get("expression", "")))
-        for split in ("train", "test")
-        for t in env.tasks(split)
-    }
-    cols = {label: taxonomy(run, label, tasks) for label in args.labels}
+    try:
+        run = RunDir(args.run)
+        cfg = run.config()
+        env = make(cfg.env.name, **cfg.env.kwargs)
+        tasks = {
+            t.id: (t.answer or "", str(t.metadata.get("expression", "")))
+            for split in ("train", "test")
+            for t in env.tasks(split)
+        }
+        cols = {label: taxonomy(run, label, tasks) for label in args.labels}
+    except RunError as e:
+        raise SystemExit(f"error: {e}") from None
     totals = {label: sum(c.values()) for label, c in cols.items()}
     if args.markdown:
         print("| class | " + " | ".join(f"{lab} (n={totals[lab]})" for lab in cols) + " |")

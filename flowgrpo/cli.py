@@ -168,18 +168,14 @@ def _load(config: str, overrides: list[str]):
     from pathlib import Path
 
     from flowgrpo.config import ConfigError, load_config
+    from flowgrpo.rundir import RunDir, RunError
 
     path = Path(config)
-    if path.is_dir():
-        if not (path / "config.yaml").is_file():
-            raise SystemExit(
-                f"{path} is a directory without config.yaml: pass a config file or a run directory"
-            )
-        overrides = [f"run.output_dir={path}", *overrides]
-        path = path / "config.yaml"
     try:
+        if path.is_dir():
+            return RunDir(path).config(overrides)
         return load_config(path, overrides)
-    except ConfigError as e:
+    except (ConfigError, RunError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 

@@ -1,4 +1,6 @@
-"""Metrics: rollout statistics of a batch of groups, and a JSONL (+ optional TensorBoard) logger."""
+"""Metrics: rollout statistics of a batch of groups, and a JSONL (+ optional TensorBoard) logger.
+
+``RUN/metrics.jsonl`` is read back with :meth:`flowgrpo.rundir.RunDir.metrics`."""
 
 from __future__ import annotations
 
@@ -117,9 +119,4 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
-def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-__all__ = ["MetricsLogger", "accuracy_of", "read_metrics", "rollout_stats", "valid_tool_call_rate"]
+__all__ = ["MetricsLogger", "accuracy_of", "rollout_stats", "valid_tool_call_rate"]

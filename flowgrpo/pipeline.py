@@ -8,7 +8,6 @@ oracle demonstrations, then Flow-GRPO steps), held-out accuracy again, then ``RU
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -16,28 +15,9 @@ from typing import Any
 
 from flowgrpo.config import TrainConfig
 from flowgrpo.evaluation import EvalResult, compare
+from flowgrpo.rundir import RunDir, RunError
 
 log = logging.getLogger(__name__)
-
-
-def read_evals(run_dir: str | Path) -> list[EvalResult]:
-    """The evaluations recorded in ``RUN/eval.jsonl``, oldest first."""
-    path = Path(run_dir) / "eval.jsonl"
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            rec = json.loads(line)
-            if "ci95" in rec:  # lines written before intervals existed are skipped
-                out.append(EvalResult.model_validate(rec))
-    return out
-
-
-def find_eval(evals: list[EvalResult], label: str, split: str = "test") -> EvalResult | None:
-    """The latest greedy evaluation called ``label`` on ``split``."""
-    hits = [e for e in evals if e.label == label and e.split == split and e.greedy]
-    return hits[-1] if hits else None
 
 
 def train_and_evaluate(
@@ -56,13 +36,13 @@ def train_and_evaluate(
 
     t0 = time.monotonic()
     trainer = Trainer(cfg)
-    evals = read_evals(trainer.out)
-    before = find_eval(evals, "untrained")
+    run = RunDir(trainer.out)
+    before = run.find_eval("untrained")
     if untrained_n and before is None:
         print(f"evaluating the untrained policy on {untrained_n} held-out tasks (greedy) ...", flush=True)
         before = trainer.evaluate("test", untrained_n, label="untrained", record=True)
         print(before.summary(), flush=True)
-    warm = find_eval(evals, "warm")
+    warm = run.find_eval("warm")
     if cfg.sft.enabled and trainer.step == 0 and not trainer.counters["sft_done"]:
         print(f"warm start: supervised epochs on {cfg.sft.tasks} oracle demonstrations ...", flush=True)
         trainer.warm_start()
@@ -75,7 +55,7 @@ def train_and_evaluate(
     result = trainer.train(eval_last_step=not eval_n)
     after = None
     if eval_n:
-        after = find_eval(read_evals(trainer.out), f"step{trainer.step}")
+        after = run.find_eval(f"step{trainer.step}")
         if after is None or after.n < eval_n:
             print(f"evaluating the trained policy on {eval_n} held-out tasks (greedy) ...", flush=True)
             after = trainer.evaluate("test", eval_n, label=f"step{trainer.step}", record=True)
@@ -150,24 +130,22 @@ def compare_checkpoints(
     tasks; otherwise it is evaluated now (``warm`` is the step-0 checkpoint written after the warm
     start) and recorded. Returns both results and the paired comparison.
     """
-    from flowgrpo.checkpoint import checkpoint_dir
-
-    run = Path(cfg.run.output_dir)
-    recorded = read_evals(run)
+    run = RunDir(cfg.run.output_dir)
     results = {}
     for side in (a, b):
         label = side_label(side)
-        found = find_eval(recorded, label, split)
+        found = run.find_eval(label, split)
         if found is None or found.n < n:
             if side == "untrained":
                 ckpt = "untrained"
             else:
-                path = checkpoint_dir(run / "checkpoints", 0 if side == "warm" else int(side))
-                if not path.is_dir():
+                try:
+                    path = run.checkpoint(0 if side == "warm" else int(side))
+                except RunError as e:
                     raise FileNotFoundError(
-                        f"no recorded evaluation of {side!r} on {n} {split} tasks and no checkpoint at {path}: "
-                        "compare 'untrained', a step that still has a checkpoint, or lower --n"
-                    )
+                        f"no recorded evaluation of {side!r} on {n} {split} tasks, and {e}; compare "
+                        "'untrained', a step that still has a checkpoint, or lower --n"
+                    ) from None
                 ckpt = str(path)
             print(f"evaluating {side} on {n} {split} tasks (greedy) ...", flush=True)
             found = evaluate_run(cfg, split=split, n=n, checkpoint=ckpt, label=label, record=True)

@@ -16,9 +16,8 @@ Three questions come up when a training curve looks wrong, and each has a tool h
   on hidden state, or an environment whose episodes leak into each other -- exactly the kind of
   silent non-stationarity that makes RL curves hard to read.
 
-Run directory layout (see ``CONTRACTS.md``): ``config.yaml``, ``metrics.jsonl``, ``eval.jsonl``
-and ``trajectories/step_NNNNNN.jsonl`` (written by :mod:`flowgrpo.store`). :func:`load_run` reads
-it lazily: trajectories are parsed on first access to a step.
+The run directory is read through :class:`flowgrpo.rundir.RunDir` (trajectories are parsed on
+first access to a step).
 
 The command line is ``flowgrpo replay RUN [--step N] [--task ID] [--traj K] [--rescore ...]
 [--reexecute]`` (:mod:`flowgrpo.cli`).
@@ -30,182 +29,33 @@ import asyncio
 import json
 import logging
 import os
-import re
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flowgrpo.store import iter_trajectories
+from flowgrpo.rundir import RunDir, RunError
 from flowgrpo.types import Message, ParsedAction, Task, Termination, Trajectory, TrajectoryGroup
 
 log = logging.getLogger(__name__)
 
-STEP_FILE_RE = re.compile(r"^step_(\d+)\.jsonl$")
-
-
-class RunError(ValueError):
-    """A run directory that cannot be read; the message says what is missing and how to fix it."""
-
-
 # ---------------------------------------------------------------------------------------------
-# Reading a run
+# What replay needs from a run besides its trajectories: its tokenizer and its environment
 # ---------------------------------------------------------------------------------------------
 
 
-def read_jsonl_records(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a JSONL file (``[]`` if it does not exist).
-
-    A torn last line (the trainer was killed mid-write) is skipped with a warning; a bad line in
-    the middle is an error naming the line, because it means the file was edited or corrupted.
-    """
-    if not path.is_file():
-        return []
-    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
-    last = max((i for i, ln in enumerate(lines) if ln.strip()), default=-1)
-    out: list[dict[str, Any]] = []
-    for i, ln in enumerate(lines):
-        if not ln.strip():
-            continue
-        try:
-            rec = json.loads(ln)
-        except json.JSONDecodeError as e:
-            if i == last:
-                log.warning("%s:%d: skipping a truncated last line", path, i + 1)
-                continue
-            raise RunError(f"{path}:{i + 1}: not valid JSON ({e})") from e
-        if not isinstance(rec, dict):
-            raise RunError(f"{path}:{i + 1}: expected a JSON object per line, got {type(rec).__name__}")
-        out.append(rec)
-    return out
-
-
-class StepTrajectories(Mapping[int, list[Trajectory]]):
-    """``{step: [Trajectory, ...]}`` over ``RUN/trajectories/step_*.jsonl``, parsed on first access.
-
-    A run of a few hundred steps holds hundreds of MB of token ids; replaying one step should not
-    parse them all.
-    """
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self._files: dict[int, Path] = {}
-        if folder.is_dir():
-            for p in folder.iterdir():
-                m = STEP_FILE_RE.match(p.name)
-                if m and p.is_file():
-                    self._files[int(m.group(1))] = p
-        self._cache: dict[int, list[Trajectory]] = {}
-
-    def __getitem__(self, step: int) -> list[Trajectory]:
-        if step not in self._files:
-            raise KeyError(step)
-        if step not in self._cache:
-            self._cache[step] = list(iter_trajectories(self._files[step]))
-        return self._cache[step]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(sorted(self._files))
-
-    def __len__(self) -> int:
-        return len(self._files)
-
-    def path(self, step: int) -> Path:
-        return self._files[step]
-
-
-@dataclass
-class RunData:
-    """Everything a run directory holds that replay and report read."""
-
-    run_dir: Path
-    config: dict[str, Any]
-    metrics: list[dict[str, Any]]
-    evals: list[dict[str, Any]]
-    trajectories: StepTrajectories
-
-    @property
-    def steps(self) -> list[int]:
-        """Steps that have saved trajectories, ascending."""
-        return list(self.trajectories)
-
-    @property
-    def last_step(self) -> int | None:
-        return self.steps[-1] if self.trajectories else None
-
-    def env_spec(self) -> tuple[str, dict[str, Any]] | None:
-        """``(env name, env kwargs)`` from the config, or None when the config names no env."""
-        return env_spec_from_config(self.config)
-
-    def model_name(self) -> str | None:
-        return model_name_from_config(self.config)
-
-
-def load_run(run_dir: str | os.PathLike) -> RunData:
-    """Read a run directory (lazily for trajectories). Raises :class:`RunError` if it is not one."""
-    run_dir = Path(run_dir).expanduser()
-    if not run_dir.is_dir():
-        raise RunError(f"{run_dir} is not a directory; pass the run directory the trainer wrote (RUN/)")
-    known = ("config.yaml", "metrics.jsonl", "eval.jsonl", "trajectories")
-    if not any((run_dir / k).exists() for k in known):
-        raise RunError(
-            f"{run_dir} holds none of {', '.join(known)}: it is not a flowgrpo run directory "
-            "(the trainer's output_dir)"
-        )
-    config: dict[str, Any] = {}
-    cfg_path = run_dir / "config.yaml"
-    if cfg_path.is_file():
-        import yaml
-
-        loaded = yaml.safe_load(cfg_path.read_text(encoding="utf-8"))
-        if loaded is not None and not isinstance(loaded, dict):
-            raise RunError(f"{cfg_path}: expected a mapping at the top level, got {type(loaded).__name__}")
-        config = loaded or {}
-    return RunData(
-        run_dir=run_dir,
-        config=config,
-        metrics=read_jsonl_records(run_dir / "metrics.jsonl"),
-        evals=read_jsonl_records(run_dir / "eval.jsonl"),
-        trajectories=StepTrajectories(run_dir / "trajectories"),
-    )
-
-
-def env_spec_from_config(config: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
-    """The environment a config trains on: ``env: NAME`` (+ ``env_kwargs: {...}``) or
-    ``env: {name: NAME, kwargs: {...}}`` (the :class:`flowgrpo.env.EnvSpec` form)."""
-    env = config.get("env")
-    if isinstance(env, str) and env:
-        kwargs = config.get("env_kwargs") or {}
-        return env, dict(kwargs)
-    if isinstance(env, Mapping) and isinstance(env.get("name"), str):
-        return env["name"], dict(env.get("kwargs") or {})
-    return None
-
-
-def model_name_from_config(config: Mapping[str, Any]) -> str | None:
-    """The policy model a config names: ``model: NAME`` or ``model: {name|name_or_path|path: NAME}``."""
-    model = config.get("model")
-    if isinstance(model, str) and model:
-        return model
-    if isinstance(model, Mapping):
-        for key in ("name", "name_or_path", "path"):
-            if isinstance(model.get(key), str) and model[key]:
-                return model[key]
-    name = config.get("model_name")
-    return name if isinstance(name, str) and name else None
-
-
-def load_tokenizer_for_run(run: RunData) -> Any | None:
+def load_tokenizer_for_run(run: RunDir) -> Any | None:
     """The run's tokenizer, or None (with a logged reason) when it cannot be had offline.
 
     ``tiny`` names :func:`flowgrpo.models.tiny_tokenizer` (what tests train with); other names go
     through :func:`flowgrpo.models.load_model`'s resolution but load only the tokenizer when a
     converted model directory exists.
     """
-    name = run.model_name()
-    if name is None:
-        log.info("the run's config names no model: showing token ids")
+    try:
+        name = run.config().model.name
+    except RunError as e:
+        log.warning("%s: showing token ids", e)
         return None
     try:
         return load_tokenizer(name)
@@ -239,19 +89,17 @@ def load_tokenizer(name: str) -> Any:
 
 
 def make_run_env_factory(
-    run: RunData, env_name: str | None = None, env_kwargs: Mapping[str, Any] | None = None
+    run: RunDir, env_name: str | None = None, env_kwargs: Mapping[str, Any] | None = None
 ) -> Callable[[], Any]:
     """A factory of fresh environments as the run configured them (or as overridden)."""
     from flowgrpo import env as env_mod
 
     if env_name is None:
-        spec = run.env_spec()
-        if spec is None:
-            raise RunError(
-                f"{run.run_dir / 'config.yaml'} names no environment (expected `env: NAME` or "
-                "`env: {name: NAME, kwargs: {...}}`); pass --env NAME [--env-kwargs JSON]"
-            )
-        env_name, kwargs = spec
+        try:
+            env = run.config().env
+        except RunError as e:
+            raise RunError(f"{e}\n(or name the environment: --env NAME [--env-kwargs JSON])") from None
+        env_name, kwargs = env.name, dict(env.kwargs)
     else:
         kwargs = {}
     if env_kwargs is not None:
@@ -270,21 +118,20 @@ def tasks_by_id(env: Any) -> dict[str, Task]:
 
 
 def select_trajectories(
-    run: RunData, *, step: int | None = None, task: str | None = None, traj: str | int | None = None
+    run: RunDir, *, step: int | None = None, task: str | None = None, traj: str | int | None = None
 ) -> tuple[int, list[Trajectory]]:
     """The trajectories of ``step`` (default: the last saved step), filtered by task id, then the
     ``traj``-th of them (an index) or the one with that trajectory id. Returns ``(step, trajs)``."""
-    if not run.trajectories:
-        raise RunError(f"{run.run_dir / 'trajectories'} holds no step_*.jsonl files: nothing to replay")
+    steps = run.steps()
+    if not steps:
+        raise RunError(f"{run.path / 'trajectories'} holds no step_*.jsonl files: nothing to replay")
     if step is None:
-        step = run.steps[-1]
-    if step not in run.trajectories:
-        raise RunError(f"no trajectories saved for step {step}; saved steps: {_ranges(run.steps)}")
-    trajs = run.trajectories[step]
+        step = steps[-1]
+    trajs = run.trajectories(step)
     if task is not None:
         trajs = [t for t in trajs if t.task_id == task]
         if not trajs:
-            ids = sorted({t.task_id for t in run.trajectories[step]})
+            ids = sorted({t.task_id for t in run.trajectories(step)})
             raise RunError(
                 f"step {step} has no trajectory of task {task!r}; its tasks: {', '.join(ids[:20])}"
             )
@@ -300,20 +147,6 @@ def select_trajectories(
                 raise RunError(f"--traj {k} is out of range: the selection holds {len(trajs)} trajectories")
             trajs = [trajs[k]]
     return step, trajs
-
-
-def _ranges(steps: Sequence[int]) -> str:
-    if not steps:
-        return "(none)"
-    parts, start, prev = [], steps[0], steps[0]
-    for s in [*steps[1:], None]:
-        if s is not None and s == prev + 1:
-            prev = s
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if s is not None:
-            start = prev = s
-    return ", ".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -735,7 +568,7 @@ def cli_replay(args: Any) -> int:
 
 
 def _cli_replay(args: Any) -> int:
-    run = load_run(args.run)
+    run = RunDir(args.run)
     color = _use_color(args.color)
     step, trajs = select_trajectories(run, step=args.step, task=args.task, traj=args.traj)
     needs_env = bool(args.rescore or args.reexecute)
@@ -773,21 +606,14 @@ __all__ = [
     "ReexecuteReport",
     "RescoreReport",
     "RescoreRow",
-    "RunData",
-    "RunError",
-    "StepTrajectories",
     "areexecute",
     "cli_replay",
-    "env_spec_from_config",
     "format_summary",
     "format_trajectory",
-    "load_run",
     "load_tokenizer",
     "load_tokenizer_for_run",
     "make_run_env_factory",
-    "model_name_from_config",
     "parse_reward_args",
-    "read_jsonl_records",
     "reexecute",
     "rescore",
     "select_trajectories",

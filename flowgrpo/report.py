@@ -30,7 +30,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from flowgrpo.replay import RunData, RunError, load_run, load_tokenizer_for_run
+from flowgrpo.evaluation import EvalResult
+from flowgrpo.replay import load_tokenizer_for_run
+from flowgrpo.rundir import MetricRecord, RunDir, RunError
 from flowgrpo.types import Trajectory
 
 log = logging.getLogger(__name__)
@@ -57,17 +59,24 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _evals_by_split(evals: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
-    by_split: dict[str, list[Mapping[str, Any]]] = {}
+def _evals_by_split(evals: Sequence[EvalResult]) -> dict[str, list[EvalResult]]:
+    by_split: dict[str, list[EvalResult]] = {}
     for e in evals:
-        by_split.setdefault(str(e.get("split", "eval")), []).append(e)
+        by_split.setdefault(e.split, []).append(e)
     return by_split
 
 
-def _eval_series(
-    evals: Sequence[Mapping[str, Any]], key: str = "accuracy"
-) -> dict[str, list[tuple[float, float]]]:
-    return {split: _series(recs, key) for split, recs in _evals_by_split(evals).items()}
+def _eval_series(evals: Sequence[EvalResult]) -> dict[str, list[tuple[float, float]]]:
+    """Held-out accuracy against the step, per split."""
+    return {
+        split: [(float(e.step), e.accuracy) for e in recs if _is_num(e.accuracy)]
+        for split, recs in _evals_by_split(evals).items()
+    }
+
+
+def _metric_rows(metrics: Sequence[MetricRecord]) -> list[dict[str, Any]]:
+    """Metric records as flat rows ``{"step": N, name: value, ...}`` (the table's and the charts' form)."""
+    return [{"step": m.step, **m.values} for m in metrics]
 
 
 def plot_run(run_dir: str | os.PathLike) -> Path:
@@ -77,20 +86,20 @@ def plot_run(run_dir: str | os.PathLike) -> Path:
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    run = load_run(run_dir)
+    run = RunDir(run_dir)
+    metrics = _metric_rows(run.metrics())
     fig, (ax_r, ax_a) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=100)
     try:
-        rew = _series(run.metrics, "reward_mean")
+        rew = _series(metrics, "reward_mean")
         if rew:
             ax_r.plot(*zip(*rew, strict=True), marker="o", ms=3, color=PALETTE[0], label="train")
         ax_r.set_title("mean reward")
-        acc = _series(run.metrics, "accuracy")
+        acc = _series(metrics, "accuracy")
         if acc:
             ax_a.plot(*zip(*acc, strict=True), marker="o", ms=3, color=PALETTE[0], label="train (sampled)")
-        greedy = [e for e in run.evals if e.get("greedy", True) and e.get("label") != "untrained"]
+        greedy = [e for e in run.evals() if e.greedy and e.label != "untrained"]
         for i, (split, recs) in enumerate(sorted(_evals_by_split(greedy).items())):
-            recs = [e for e in recs if "accuracy" in e]
-            pts = [(float(e["step"]), float(e["accuracy"]), e.get("ci95")) for e in recs]
+            pts = [(float(e.step), e.accuracy, e.ci95) for e in recs]
             if pts:
                 xs, ys = [p[0] for p in pts], [p[1] for p in pts]
                 err = None
@@ -109,9 +118,7 @@ def plot_run(run_dir: str | os.PathLike) -> Path:
                     label=f"held-out {split}, greedy" + (" (95% CI)" if err else ""),
                 )
                 for e, x, y in zip(recs, xs, ys, strict=True):
-                    ax_a.annotate(
-                        f"n={e.get('n')}", (x, y), textcoords="offset points", xytext=(6, -10), fontsize=7
-                    )
+                    ax_a.annotate(f"n={e.n}", (x, y), textcoords="offset points", xytext=(6, -10), fontsize=7)
         ax_a.set_title("accuracy")
         for ax in (ax_r, ax_a):
             ax.set_xlabel("step")
@@ -120,9 +127,9 @@ def plot_run(run_dir: str | os.PathLike) -> Path:
                 ax.legend(fontsize=8)
             else:
                 ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes)
-        fig.suptitle(run.run_dir.name, fontsize=10)
+        fig.suptitle(run.name, fontsize=10)
         fig.tight_layout()
-        out = run.run_dir / "plot.png"
+        out = run.path / "plot.png"
         fig.savefig(out)
     finally:
         plt.close(fig)
@@ -472,13 +479,13 @@ def _clean(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _pick_trajectories(
-    run: RunData, steps: Sequence[int] | None, max_trajectories: int
+    run: RunDir, steps: Sequence[int] | None, max_trajectories: int
 ) -> list[tuple[int, Trajectory]]:
-    avail = run.steps
+    avail = run.steps()
     if not avail or max_trajectories <= 0:
         return []
     if steps:
-        missing = [s for s in steps if s not in run.trajectories]
+        missing = [s for s in steps if s not in avail]
         if missing:
             raise RunError(f"no trajectories saved for steps {missing}; saved: {avail[0]}..{avail[-1]}")
         chosen = list(dict.fromkeys(steps))
@@ -487,12 +494,12 @@ def _pick_trajectories(
     per = max(1, math.ceil(max_trajectories / len(chosen)))
     out: list[tuple[int, Trajectory]] = []
     for s in chosen:
-        out += [(s, t) for t in run.trajectories[s][:per]]
+        out += [(s, t) for t in run.trajectories(s)[:per]]
     return out[:max_trajectories]
 
 
 def render_report(
-    run: RunData,
+    run: RunDir,
     *,
     tokenizer: Any | None = None,
     max_trajectories: int = 8,
@@ -501,10 +508,9 @@ def render_report(
     """The report page of ``run`` as an HTML string."""
     e = html.escape
     # per-task outcomes serve paired comparisons (`flowgrpo eval --compare`), not the page
-    metrics, evals = (
-        _clean(run.metrics),
-        _clean([{k: v for k, v in e.items() if k != "per_task"} for e in run.evals]),
-    )
+    recorded = run.evals()
+    metrics = _clean(_metric_rows(run.metrics()))
+    evals = _clean([e.model_dump(mode="json", exclude={"per_task"}) for e in recorded])
     charts = [
         svg_line_chart(
             {"train": _series(metrics, "reward_mean")}, title="mean reward", chart_id="chart-reward"
@@ -512,7 +518,7 @@ def render_report(
         svg_line_chart(
             {
                 "train": _series(metrics, "accuracy"),
-                **{f"eval ({k})": v for k, v in sorted(_eval_series(evals).items())},
+                **{f"eval ({k})": v for k, v in sorted(_eval_series(recorded).items())},
             },
             title="accuracy",
             chart_id="chart-accuracy",
@@ -530,13 +536,13 @@ def render_report(
     advs = [abs(u.advantage) for _, t in picked for u in t.turns if u.advantage is not None]
     scale = max(advs) if advs else 1.0
     trajs_html = "".join(trajectory_html(t, tokenizer, scale=scale, step=s) for s, t in picked)
-    n_saved = sum(1 for _ in run.steps)
+    n_saved = len(run.steps())
     tok_note = (
         "tokens shown as text (the run's tokenizer)"
         if tokenizer is not None
         else "tokens shown as ids: the run's tokenizer could not be loaded"
     )
-    config_text = _yaml(run.config) if run.config else "(no config.yaml)"
+    config_text = _config_text(run)
     summary = "".join(
         f'<div>{label}<span class="v" id="{i}">…</span></div>'
         for i, label in (
@@ -551,10 +557,10 @@ def render_report(
     data = _json_for_script({"metrics": metrics, "evals": evals})
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
-<title>flowgrpo report: {e(run.run_dir.name)}</title><style>{CSS}</style></head>
+<title>flowgrpo report: {e(run.name)}</title><style>{CSS}</style></head>
 <body><main>
-<h1>flowgrpo run <code>{e(run.run_dir.name)}</code></h1>
-<div class="path">{e(str(run.run_dir))}</div>
+<h1>flowgrpo run <code>{e(run.name)}</code></h1>
+<div class="path">{e(str(run.path))}</div>
 <div id="summary" data-rendered="no">{summary}</div>
 <h2>Curves</h2><div class="charts">{"".join(charts)}</div>
 <div class="charts">{"".join(small)}</div>
@@ -576,10 +582,18 @@ style="background:{advantage_color(-scale, scale)}">action, A &lt; 0</span>
 """
 
 
-def _yaml(obj: Any) -> str:
+def _config_text(run: RunDir) -> str:
+    """The run's config as YAML; the reason instead when it has none or it does not validate (the
+    rest of the page does not need it)."""
+    if not run.has_config():
+        return "(no config.yaml)"
+    try:
+        cfg = run.config()
+    except RunError as err:
+        return f"(config.yaml could not be read: {err})"
     import yaml
 
-    return yaml.safe_dump(obj, sort_keys=False, default_flow_style=False)
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, default_flow_style=False)
 
 
 def build_report(
@@ -595,13 +609,13 @@ def build_report(
     ``tokenizer="auto"`` loads the run's tokenizer from its config (offline; token ids are shown
     when that fails), None shows ids, or pass a tokenizer object.
     """
-    run = load_run(run_dir)
+    run = RunDir(run_dir)
     if isinstance(tokenizer, str):
         if tokenizer != "auto":
             raise ValueError(f"tokenizer must be 'auto', None or a tokenizer object, got {tokenizer!r}")
         tokenizer = load_tokenizer_for_run(run)
     page = render_report(run, tokenizer=tokenizer, max_trajectories=max_trajectories, steps=steps)
-    out = Path(output) if output is not None else run.run_dir / "report.html"
+    out = Path(output) if output is not None else run.path / "report.html"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(page, encoding="utf-8")

@@ -14,6 +14,7 @@ import logging
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
@@ -74,11 +75,21 @@ def _ends_with_newline(path: Path) -> bool:
         return f.read(1) == b"\n"
 
 
-def iter_trajectories(path: str | os.PathLike, *, strict: bool = True) -> Iterator[Trajectory]:
-    """Yield the trajectories of a JSONL file in order.
+class JsonLine(NamedTuple):
+    """One record of a JSONL file: its 1-based line number, the parsed value, whether it is the
+    file's last record (the only one a crash can tear)."""
 
-    A line that does not parse is skipped with a warning when it is the last line (a torn write)
-    or when ``strict=False``; otherwise it raises :class:`StoreError` naming the line.
+    number: int
+    data: Any
+    last: bool
+
+
+def iter_jsonl(path: str | os.PathLike, *, strict: bool = True) -> Iterator[JsonLine]:
+    """The records of an append-only JSONL file in order, blank lines skipped.
+
+    A line that is not JSON is skipped with a warning when it is the last line (a torn write) or
+    when ``strict=False``; otherwise it raises :class:`StoreError` naming the file and line. Every
+    append-only file of a run (trajectories, metrics, evaluations) is read through here.
     """
     path = Path(path)
     with open(path, "rb") as f:
@@ -103,20 +114,31 @@ def iter_trajectories(path: str | os.PathLike, *, strict: bool = True) -> Iterat
                     e,
                 )
                 continue
-            raise StoreError(f"{path}:{lineno}: not valid JSON ({e}); pass strict=False to skip it") from e
+            raise StoreError(f"{path}:{lineno}: not valid JSON ({e})") from e
+        yield JsonLine(lineno, data, i == last_idx)
+
+
+def iter_trajectories(path: str | os.PathLike, *, strict: bool = True) -> Iterator[Trajectory]:
+    """Yield the trajectories of a JSONL file in order.
+
+    A line that does not parse is skipped with a warning when it is the last line (a torn write)
+    or when ``strict=False``; otherwise it raises :class:`StoreError` naming the line.
+    """
+    for line in iter_jsonl(path, strict=strict):
+        data = line.data
         version = data.get("schema_version") if isinstance(data, dict) else None
         if version != SCHEMA_VERSION:
             raise StoreError(
-                f"{path}:{lineno}: schema_version {version!r} is not supported by this flowgrpo "
+                f"{path}:{line.number}: schema_version {version!r} is not supported by this flowgrpo "
                 f"(it reads version {SCHEMA_VERSION}); read it with the flowgrpo version that wrote it"
             )
         try:
             yield Trajectory.model_validate(data)
         except ValidationError as e:
-            if i == last_idx or not strict:
-                log.warning("%s:%d: skipping an invalid record: %s", path, lineno, e)
+            if line.last or not strict:
+                log.warning("%s:%d: skipping an invalid record: %s", path, line.number, e)
                 continue
-            raise StoreError(f"{path}:{lineno}: not a valid trajectory: {e}") from e
+            raise StoreError(f"{path}:{line.number}: not a valid trajectory: {e}") from e
 
 
 def read_trajectories(path: str | os.PathLike, *, strict: bool = True) -> list[Trajectory]:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
 
 from flowgrpo.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from flowgrpo.config import ConfigError, TrainConfig, dump_config, load_config, parse_override
-from flowgrpo.metrics import MetricsLogger, read_metrics
+from flowgrpo.metrics import MetricsLogger
+from flowgrpo.rundir import RunDir
 from flowgrpo.trainer import TaskStream, lr_lambda
 from flowgrpo.types import Task
 
@@ -118,7 +122,11 @@ def test_checkpoint_roundtrip_and_pruning(tmp_path):
 
 
 def test_metrics_jsonl(tmp_path):
-    log = MetricsLogger(tmp_path / "m.jsonl")
+    log = MetricsLogger(tmp_path / "metrics.jsonl")
     log.log(1, {"a": 1.0, "b": float("nan")})
     log.log(2, {"a": 2.0})
-    assert read_metrics(tmp_path / "m.jsonl") == [{"step": 1, "a": 1.0, "b": "nan"}, {"step": 2, "a": 2.0}]
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lines == [{"step": 1, "a": 1.0, "b": "nan"}, {"step": 2, "a": 2.0}]
+    back = RunDir(tmp_path).metrics()  # read back typed: the NaN is a float again
+    assert [(m.step, m.values["a"]) for m in back] == [(1, 1.0), (2, 2.0)]
+    assert math.isnan(back[0].values["b"]) and "b" not in back[1].values

@@ -13,17 +13,17 @@ import operator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from flowgrpo import env as env_mod
 from flowgrpo.advantages import compute_advantages
 from flowgrpo.cli import main
+from flowgrpo.config import TrainConfig, dump_config
+from flowgrpo.evaluation import summarize
+from flowgrpo.metrics import MetricsLogger
 from flowgrpo.models import tiny_tokenizer
 from flowgrpo.replay import (
-    RunError,
     format_summary,
     format_trajectory,
-    load_run,
     make_run_env_factory,
     reexecute,
     rescore,
@@ -32,6 +32,7 @@ from flowgrpo.replay import (
 )
 from flowgrpo.rewards import CompositeReward, RewardSpec
 from flowgrpo.rollout import RolloutConfig, run_text_policy
+from flowgrpo.rundir import RunDir, RunError
 from flowgrpo.store import TrajectoryWriter
 from flowgrpo.tool import tool
 from flowgrpo.types import Message, Trajectory
@@ -115,24 +116,26 @@ def _alternating_policy():
 
 def build_run(run_dir: Path, *, steps: int = 3, group_size: int = 2) -> Path:
     """A run directory as the trainer writes it, from real rollouts (text policies), real rewards
-    and real advantages. Step s trains on tasks s-1 and s (2 groups of ``group_size``)."""
+    and real advantages, through the trainer's writers (dump_config, MetricsLogger, TrajectoryWriter,
+    EvalResult lines). Step s trains on tasks s-1 and s (2 groups of ``group_size``)."""
     tok = tiny_tokenizer()
     env = make_env()
     train = env.tasks("train")
     cfg = RolloutConfig(max_turns=4, max_new_tokens=512, max_context_tokens=4096)
     composite = CompositeReward([RewardSpec(name="accuracy"), RewardSpec(name="format", weight=0.2)])
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "model": "tiny",
-                "env": {"name": ENV_NAME, "kwargs": ENV_KWARGS},
-                "rewards": [{"name": "accuracy", "weight": 1.0}, {"name": "format", "weight": 0.2}],
-                "group_size": group_size,
-            }
-        )
+    config = TrainConfig.model_validate(
+        {
+            "model": {"name": "tiny"},
+            "env": {"name": ENV_NAME, "kwargs": ENV_KWARGS},
+            "rewards": [{"name": "accuracy", "weight": 1.0}, {"name": "format", "weight": 0.2}],
+            "train": {"group_size": group_size, "tasks_per_step": 2},
+            "run": {"output_dir": str(run_dir)},
+        }
     )
-    with open(run_dir / "metrics.jsonl", "w") as mf, open(run_dir / "eval.jsonl", "w") as ef:
+    dump_config(config, run_dir / "config.yaml")
+    metrics = MetricsLogger(run_dir / "metrics.jsonl")
+    with open(run_dir / "eval.jsonl", "w") as ef:
         for step in range(1, steps + 1):
             tasks = [train[(step - 1) % len(train)], train[step % len(train)]]
             # step 1: half the episodes answer wrong; later steps: all oracle (the policy "learns")
@@ -146,37 +149,21 @@ def build_run(run_dir: Path, *, steps: int = 3, group_size: int = 2) -> Path:
             with TrajectoryWriter(run_dir / "trajectories" / f"step_{step:06d}.jsonl") as w:
                 w.write_groups(groups)
             acc = sum(t.reward_breakdown["accuracy"] for t in trajs) / len(trajs)
-            mf.write(
-                json.dumps(
-                    {
-                        "step": step,
-                        "reward_mean": sum(t.reward for t in trajs) / len(trajs),
-                        "accuracy": acc,
-                        "loss": 0.5 / step,
-                        "kl": 0.01 * step,
-                        "clip_frac": 0.0,
-                        "entropy": 1.0,
-                        "tokens_per_s": 100.0,
-                        "lr": 1e-5,
-                    }
-                )
-                + "\n"
+            metrics.log(
+                step,
+                {
+                    "reward_mean": sum(t.reward for t in trajs) / len(trajs),
+                    "accuracy": acc,
+                    "loss": 0.5 / step,
+                    "kl": 0.01 * step,
+                    "clip_frac": 0.0,
+                    "entropy": 1.0,
+                    "tokens_per_s": 100.0,
+                    "lr": 1e-5,
+                },
             )
-            if step in (1, steps):
-                ef.write(
-                    json.dumps(
-                        {
-                            "step": step,
-                            "split": "test",
-                            "accuracy": acc,
-                            "mean_turns": 2.0,
-                            "valid_tool_call_rate": 1.0,
-                            "terminations": {"finished": len(trajs)},
-                            "n": len(trajs),
-                        }
-                    )
-                    + "\n"
-                )
+            if step in (1, steps):  # as Trainer.evaluate(record=True) appends it
+                ef.write(summarize(groups, label=f"step{step}", step=step).model_dump_json() + "\n")
     return run_dir
 
 
@@ -188,37 +175,37 @@ def run_dir(tmp_path_factory) -> Path:
 # ----------------------------------------------------------------------------- tests
 
 
-def test_load_run_reads_every_part(run_dir):
-    run = load_run(run_dir)
-    assert run.steps == [1, 2, 3]
-    assert [m["step"] for m in run.metrics] == [1, 2, 3]
-    assert [e["step"] for e in run.evals] == [1, 3]
-    assert run.env_spec() == (ENV_NAME, ENV_KWARGS)
-    assert run.model_name() == "tiny"
-    step1 = run.trajectories[1]
+def test_run_dir_reads_every_part(run_dir):
+    run = RunDir(run_dir)
+    assert run.steps() == [1, 2, 3]
+    assert [m.step for m in run.metrics()] == [1, 2, 3]
+    assert [e.step for e in run.evals()] == [1, 3]
+    assert (run.config().env.name, run.config().env.kwargs) == (ENV_NAME, ENV_KWARGS)
+    assert run.config().model.name == "tiny"
+    step1 = run.trajectories(1)
     assert len(step1) == 4 and all(isinstance(t, Trajectory) for t in step1)
     # step 1 alternates oracle (right, 2 turns) and wrong (1 turn): accuracy 1, 0, 1, 0
     assert [t.reward_breakdown["accuracy"] for t in step1] == [1.0, 0.0, 1.0, 0.0]
-    assert run.metrics[0]["accuracy"] == 0.5
+    assert run.metrics()[0].values["accuracy"] == 0.5
 
 
-def test_load_run_errors_say_what_is_wrong(tmp_path):
+def test_run_dir_errors_say_what_is_wrong(tmp_path):
     with pytest.raises(RunError, match="not a directory"):
-        load_run(tmp_path / "nope")
+        RunDir(tmp_path / "nope")
     with pytest.raises(RunError, match="not a flowgrpo run directory"):
-        load_run(tmp_path)
+        RunDir(tmp_path)
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2')  # torn last line: skipped
-    run = load_run(tmp_path)
-    assert run.metrics == [{"step": 1}]
+    run = RunDir(tmp_path)
+    assert [(m.step, m.values) for m in run.metrics()] == [(1, {})]
     with pytest.raises(RunError, match="no step_"):
         select_trajectories(run)
 
 
 def test_select_trajectories(run_dir):
-    run = load_run(run_dir)
+    run = RunDir(run_dir)
     step, trajs = select_trajectories(run)
     assert step == 3 and len(trajs) == 4
-    task = run.trajectories[2][0].task_id
+    task = run.trajectories(2)[0].task_id
     step, trajs = select_trajectories(run, step=2, task=task)
     assert step == 2 and len(trajs) == 2 and {t.task_id for t in trajs} == {task}
     _, [one] = select_trajectories(run, step=2, task=task, traj=1)
@@ -232,8 +219,8 @@ def test_select_trajectories(run_dir):
 
 
 def test_format_trajectory_turn_by_turn(run_dir):
-    run = load_run(run_dir)
-    traj = run.trajectories[1][0]  # an oracle episode: calculator call, then the answer
+    run = RunDir(run_dir)
+    traj = run.trajectories(1)[0]  # an oracle episode: calculator call, then the answer
     tasks = tasks_by_id(make_env())
     task = tasks[traj.task_id]
     assert len(traj.turns) == 2
@@ -266,8 +253,8 @@ def test_format_trajectory_turn_by_turn(run_dir):
 
 
 def test_format_summary(run_dir):
-    run = load_run(run_dir)
-    trajs = run.trajectories[1]
+    run = RunDir(run_dir)
+    trajs = run.trajectories(1)
     text = format_summary(trajs, step=1)
     assert len(text.splitlines()) == 1 + 4 + 1
     mean = sum(t.reward for t in trajs) / 4
@@ -275,8 +262,8 @@ def test_format_summary(run_dir):
 
 
 def test_rescore_with_other_rewards(run_dir):
-    run = load_run(run_dir)
-    trajs = run.trajectories[1]
+    run = RunDir(run_dir)
+    trajs = run.trajectories(1)
     tasks = tasks_by_id(make_env())
     rep = rescore(trajs, ["accuracy"], tasks)
     assert [r.new_reward for r in rep.rows] == [1.0, 0.0, 1.0, 0.0]
@@ -292,8 +279,8 @@ def test_rescore_with_other_rewards(run_dir):
 
 
 def test_reexecute_reproduces_and_finds_a_tampered_observation(run_dir):
-    run = load_run(run_dir)
-    trajs = [t for s in run.steps for t in run.trajectories[s]]
+    run = RunDir(run_dir)
+    trajs = [t for s in run.steps() for t in run.trajectories(s)]
     factory = make_run_env_factory(run)
     rep = reexecute(trajs, factory)
     n_obs = sum(len(u.observations) for t in trajs for u in t.turns)
@@ -316,8 +303,8 @@ def test_reexecute_reproduces_and_finds_a_tampered_observation(run_dir):
 
 
 def test_reexecute_reports_termination_mismatch(run_dir):
-    run = load_run(run_dir)
-    traj = run.trajectories[2][0].model_copy(deep=True)
+    run = RunDir(run_dir)
+    traj = run.trajectories(2)[0].model_copy(deep=True)
     # drop the answer turn: the record now says 'finished' after a tool call the env does not end on
     traj.turns = traj.turns[:1]
     rep = reexecute([traj], make_run_env_factory(run))
@@ -327,8 +314,8 @@ def test_reexecute_reports_termination_mismatch(run_dir):
 
 
 def test_cli_replay(run_dir, capsys):
-    run = load_run(run_dir)
-    task = run.trajectories[1][0].task_id
+    run = RunDir(run_dir)
+    task = run.trajectories(1)[0].task_id
     assert (
         main(["replay", str(run_dir), "--step", "1", "--task", task, "--traj", "0", "--color", "never"]) == 0
     )

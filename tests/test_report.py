@@ -23,7 +23,6 @@ from test_replay import build_run
 
 from flowgrpo.cli import main
 from flowgrpo.models import tiny_tokenizer
-from flowgrpo.replay import load_run
 from flowgrpo.report import (
     advantage_color,
     build_report,
@@ -33,6 +32,7 @@ from flowgrpo.report import (
     svg_line_chart,
     token_pieces,
 )
+from flowgrpo.rundir import RunDir
 from flowgrpo.store import TrajectoryWriter
 from flowgrpo.types import Message, Trajectory, Turn
 
@@ -112,10 +112,10 @@ def test_report_renders_in_a_real_browser(run_dir, chromium, tmp_path):
         assert m, f"#{elem_id} not in the rendered DOM"
         return html.unescape(m.group(1))
 
-    run = load_run(run_dir)
-    last = run.metrics[-1]
+    run = RunDir(run_dir)
+    last = run.metrics()[-1].values
     assert 'id="summary" data-rendered="yes"' in dom  # the inline script ran
-    assert shown("s-steps") == "3" == str(len(run.metrics))
+    assert shown("s-steps") == "3" == str(len(run.metrics()))
     assert shown("s-final-step") == "3"
     assert shown("s-reward") == f"{last['reward_mean']:.3f}" == "1.200"  # accuracy 1 + 0.2 * format 1
     assert shown("s-accuracy") == "1.000"
@@ -125,7 +125,7 @@ def test_report_renders_in_a_real_browser(run_dir, chromium, tmp_path):
     assert table.count("<tr>") == 1 + 3
     assert '<td data-col="accuracy">0.5</td>' in table
     # trajectories: the first step's first oracle episode, with its answer and tokens as text
-    first = run.trajectories[1][0]
+    first = run.trajectories(1)[0]
     sec = re.search(rf'<section class="traj" data-traj-id="{first.id}">.*?</section>', dom, re.S).group(0)
     answer = re.search(r'<span class="answer">([^<]*)</span>', sec).group(1)
     assert answer == first.final_message.content.split("<answer>")[1].split("</answer>")[0]
@@ -140,7 +140,7 @@ def test_report_renders_in_a_real_browser(run_dir, chromium, tmp_path):
     assert text.startswith("<|im_start|>system\n")
     # positive advantage -> green; the other member of the group (wrong answer) -> red
     assert first.turns[0].advantage > 0 and "rgba(0,170,60," in sec
-    wrong = run.trajectories[1][1]
+    wrong = run.trajectories(1)[1]
     sec_w = re.search(rf'data-traj-id="{wrong.id}">.*?</section>', dom, re.S).group(0)
     assert "rgba(220,30,30," in sec_w and '<span class="answer">0</span>' in sec_w
 
@@ -189,15 +189,15 @@ def test_model_output_is_escaped(tmp_path, chromium):
 
 
 def test_report_without_tokenizer_shows_ids(run_dir):
-    run = load_run(run_dir)
+    run = RunDir(run_dir)
     page = render_report(run, tokenizer=None, max_trajectories=1)
-    t = run.trajectories[1][0]
+    t = run.trajectories(1)[0]
     assert page.count('<section class="traj"') == 1
     assert f"⟨{t.turns[0].prompt_ids[0]}⟩" in page and "tokens shown as ids" in page
 
 
 def test_max_trajectories_and_steps(run_dir):
-    run = load_run(run_dir)
+    run = RunDir(run_dir)
     assert render_report(run, max_trajectories=3).count('<section class="traj"') == 3
     page = render_report(run, max_trajectories=8, steps=[2])
     assert page.count('<section class="traj"') == 4 and "from steps 2\n" in page

@@ -11,9 +11,9 @@ import torch
 
 from flowgrpo.config import TrainConfig, load_config
 from flowgrpo.env import StepResult
-from flowgrpo.metrics import read_metrics
 from flowgrpo.models import tiny_model, tiny_tokenizer
 from flowgrpo.rewards import CompositeReward, RewardSpec
+from flowgrpo.rundir import RunDir
 from flowgrpo.store import read_trajectories
 from flowgrpo.trainer import Trainer
 from flowgrpo.types import Message, ParsedAction, Task
@@ -101,7 +101,7 @@ def test_reward_rises_on_the_toy_environment(tmp_path):
     tr = make_trainer(tmp_path, "train.steps=12", "run.save_every=0")
     out = tr.train()
     assert out["status"] == "finished" and tr.step == 12
-    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "reward_mean" in r]
+    rows = [m.values for m in RunDir(tmp_path / "run").metrics() if "reward_mean" in m.values]
     first = sum(r["reward_mean"] for r in rows[:3]) / 3
     last = sum(r["reward_mean"] for r in rows[-3:]) / 3
     assert last > first + 0.25, (first, last)
@@ -235,7 +235,7 @@ def test_dynamic_sampling_refills_groups_dropped_for_equal_rewards(tmp_path):
         tr = make_trainer(tmp_path, "train.steps=3", f"train.resample_rounds={rounds}", name=name)
         tr.reward = CompositeReward([RewardSpec(name="first_token")], fns={"first_token": reward})
         tr.train()
-        return [r for r in read_metrics(tmp_path / name / "metrics.jsonl") if "groups_trained" in r]
+        return [m.values for m in RunDir(tmp_path / name).metrics() if "groups_trained" in m.values]
 
     plain, refilled = run("plain", 0), run("refilled", 4)
     assert all(r["groups_sampled"] == 4 and r["resample_rounds"] == 0 for r in plain)

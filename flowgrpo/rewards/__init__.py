@@ -1,0 +1,104 @@
+"""Rewards: functions of a trajectory (or of a whole group), combined with weights.
+
+- :mod:`~flowgrpo.rewards.base`: the protocols, the :class:`Reward` base class, the registry and
+  :class:`CompositeReward` (the weighted sum that fills ``traj.reward`` and ``traj.reward_breakdown``).
+- :mod:`~flowgrpo.rewards.answers`: ``accuracy`` (math by value, text by EM/F1, code by hidden
+  tests) and ``format``.
+- :mod:`~flowgrpo.rewards.code`: the hidden tests of code tasks, run in :mod:`flowgrpo.sandbox`.
+- :mod:`~flowgrpo.rewards.judge`: ``judge``, an LLM grading the transcript.
+- :mod:`~flowgrpo.rewards.diversity`: ``diversity``, a group reward against similar responses.
+
+These are the rewards of the seed diagrams (GSM8K GRPO with a "Math Acc", "Format", "DJ-Quality"
+LLM scorer and an embedding "Diversity" reward). ``make_reward(name, **kwargs)`` builds any of them
+by name; ``register_reward`` adds more.
+"""
+
+from __future__ import annotations
+
+from flowgrpo.rewards.answers import (
+    AccuracyReward,
+    AnswerType,
+    FormatReward,
+    exact_match,
+    f1_score,
+    math_equal,
+    normalize_math,
+    normalize_text,
+    parse_number,
+)
+from flowgrpo.rewards.base import (
+    CompositeReward,
+    GroupRewardFn,
+    Reward,
+    RewardFn,
+    RewardSpec,
+    final_answer,
+    final_text,
+    list_rewards,
+    make_reward,
+    register_reward,
+)
+from flowgrpo.rewards.code import TESTS_PASSED_SENTINEL, build_test_program, extract_code, run_code_tests
+from flowgrpo.rewards.diversity import (
+    DiversityReward,
+    Embedder,
+    PolicyHiddenStateEmbedder,
+    diversity_scores,
+    minilm_embedder,
+)
+from flowgrpo.rewards.judge import (
+    JUDGE_TEMPLATE,
+    ChatClient,
+    HFChatClient,
+    JudgeCallError,
+    JudgeReward,
+    OpenAIChatClient,
+    parse_score,
+    render_transcript,
+)
+from flowgrpo.types import Message
+
+register_reward("accuracy", AccuracyReward)
+register_reward("format", FormatReward)
+register_reward("judge", JudgeReward)
+register_reward("diversity", DiversityReward)
+
+__all__ = [
+    "JUDGE_TEMPLATE",
+    "TESTS_PASSED_SENTINEL",
+    "AccuracyReward",
+    "AnswerType",
+    "ChatClient",
+    "CompositeReward",
+    "DiversityReward",
+    "Embedder",
+    "FormatReward",
+    "GroupRewardFn",
+    "HFChatClient",
+    "JudgeCallError",
+    "JudgeReward",
+    "Message",
+    "OpenAIChatClient",
+    "PolicyHiddenStateEmbedder",
+    "Reward",
+    "RewardFn",
+    "RewardSpec",
+    "build_test_program",
+    "diversity_scores",
+    "exact_match",
+    "extract_code",
+    "f1_score",
+    "final_answer",
+    "final_text",
+    "list_rewards",
+    "make_reward",
+    "math_equal",
+    "minilm_embedder",
+    "normalize_math",
+    "normalize_text",
+    "parse_number",
+    "parse_score",
+    "register_reward",
+    "render_transcript",
+    "run_code_tests",
+]

