@@ -31,6 +31,7 @@ import torch
 
 from flowgrpo.config import load_config
 from flowgrpo.evaluation import EvalResult, compare
+from flowgrpo.sft import demonstrations, supervised_epochs
 from flowgrpo.trainer import Trainer
 
 
@@ -53,6 +54,7 @@ def warm_start(trainer: Trainer, cache: Path) -> float:
         trainer.model.load_state_dict(torch.load(path, map_location="cpu"))
         if trainer.ref_model is not None:
             trainer.ref_model.load_state_dict(trainer.model.state_dict())
+        trainer.parts.backend.sync_weights(trainer.model)
         trainer.counters["sft_done"] = 1
         print(f"warm start: loaded {path}", flush=True)
         return 0.0
@@ -135,9 +137,11 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         else:  # the same minutes on fresh supervised demonstrations
-            demos = [t for t in trainer.demonstrations(cfg.sft.tasks, offset=sft_seen) if t.reward > 0]
+            demos = [t for t in demonstrations(trainer.parts, cfg.sft.tasks, offset=sft_seen) if t.reward > 0]
             sft_seen += cfg.sft.tasks
-            h = trainer.sft(demos, epochs=1, lr=cfg.sft.lr, batch_trajectories=cfg.sft.batch_trajectories)
+            h = supervised_epochs(
+                trainer.parts, demos, epochs=1, lr=cfg.sft.lr, batch_trajectories=cfg.sft.batch_trajectories
+            )
             trainer.step += 1
             print(f"sft round {trainer.step}: {len(demos)} demos, loss {h[-1]['loss']:.4f}", flush=True)
         trained += time.monotonic() - t0

@@ -41,7 +41,7 @@ import torch
 from flowgrpo.backends.base import SamplingParams
 from flowgrpo.backends.hf import HFBackend
 from flowgrpo.chat import ChatFormat
-from flowgrpo.env import StepResult
+from flowgrpo.env import BaseEnvironment, StepResult
 from flowgrpo.hardware import resolve_autocast
 from flowgrpo.logprobs import autocast_context
 from flowgrpo.models import load_model, tiny_model
@@ -79,7 +79,7 @@ class _Parser:
         return ""
 
 
-class SleepEnv:
+class SleepEnv(BaseEnvironment):
     """Every action gets a 200 ms 'tool' observation; never finishes (runs to max_turns).
 
     ``agent=True`` renders like a real tool-using agent: the ``arithmetic`` environment's system

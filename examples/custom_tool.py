@@ -99,25 +99,35 @@ def rollouts(
     model_name: str = "tiny", *, n_tasks: int = 2, group_size: int = 2, max_new_tokens: int = 32
 ) -> dict[str, Any]:
     """The scripted policy and the model, each through the rollout engine, scored by the trainer's rewards."""
-    from flowgrpo import models
-    from flowgrpo.backends.hf import HFBackend
-    from flowgrpo.rewards import CompositeReward, RewardSpec
-    from flowgrpo.rollout import RolloutConfig, RolloutEngine, run_text_policy
+    from flowgrpo.components import build
+    from flowgrpo.config import load_config
+    from flowgrpo.rollout import RolloutEngine, run_text_policy
 
-    model, tok = models.tiny_model() if model_name == "tiny" else models.load_model(model_name)
-    reward = CompositeReward([RewardSpec(name="accuracy"), RewardSpec(name="format", weight=0.1)])
-    tasks = ShopEnv().tasks("train")[:n_tasks]
-    cfg = RolloutConfig(max_turns=3, max_new_tokens=max_new_tokens, max_context_tokens=1024)
+    cfg = load_config(
+        None,
+        [
+            f"model.name={model_name}",
+            "rollout.max_turns=3",
+            f"rollout.max_new_tokens={max_new_tokens}",
+            "rollout.max_context_tokens=1024",
+            "rewards=[{name: accuracy}, {name: format, weight: 0.1}]",
+        ],
+    )
+    parts = build(cfg, env_factory=ShopEnv)  # the model, its backend and the rewards of the config
+    tasks = parts.tasks("train")[:n_tasks]
     # A text policy costs no generation: give it room so its actions are never truncated.
     scripted = run_text_policy(
         # a callable env -> policy gives each episode a fresh policy bound to its environment
-        ShopEnv,
+        parts.env_factory,
         tasks,
         lambda env: ShopPolicy(env),
-        tok,
-        cfg.model_copy(update={"max_new_tokens": 256}),
+        parts.tokenizer,
+        cfg.rollout.model_copy(update={"max_new_tokens": 256}),
     )
-    sampled = RolloutEngine(HFBackend(model, tok), tok, cfg).run_groups(ShopEnv, tasks, group_size)
+    sampled = RolloutEngine(parts.backend, parts.tokenizer, cfg.rollout).run_groups(
+        parts.env_factory, tasks, group_size
+    )
+    reward = parts.reward
     for name, groups in (("scripted policy", scripted), (f"model {model_name}", sampled)):
         reward.score_groups(groups)
         trajs = [t for g in groups for t in g.trajectories]

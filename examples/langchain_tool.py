@@ -140,12 +140,6 @@ class UnitConvertOracle:
 register("unit_convert", UnitConvertEnv)
 
 
-def _load(model_name: str) -> tuple[Any, Any]:
-    from flowgrpo import models
-
-    return models.tiny_model() if model_name == "tiny" else models.load_model(model_name)
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny", help="'tiny' (random, for a smoke run) or e.g. smollm2-135m")
@@ -161,10 +155,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--out", default="runs/unit_convert", help="run directory for --train-steps")
     args = p.parse_args(argv)
 
-    from flowgrpo.backends.hf import HFBackend
+    from flowgrpo.components import build
+    from flowgrpo.config import load_config
     from flowgrpo.metrics import rollout_stats
-    from flowgrpo.rewards import CompositeReward, RewardSpec
-    from flowgrpo.rollout import RolloutConfig, RolloutEngine, run_text_policy
+    from flowgrpo.rollout import RolloutEngine, run_text_policy
 
     env = UnitConvertEnv()
     # protocol, splits, tool schemas, oracle: fails loudly with what to fix
@@ -183,14 +177,34 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     print(f"bad call -> observation: {bad.content}")
 
-    model, tok = _load(args.model)
-    cfg = RolloutConfig(max_turns=3, max_new_tokens=args.max_new_tokens, max_context_tokens=1024)
-    reward = CompositeReward([RewardSpec(name="accuracy"), RewardSpec(name="format", weight=0.1)])
-    tasks = env.tasks("train")[: args.tasks]
+    # One config for the rollouts below and the optional training run: build() makes the model,
+    # its rollout backend, the environment (by its registered name) and the rewards from it.
+    tcfg = load_config(
+        None,
+        [
+            f"model.name={args.model}",
+            "env.name=unit_convert",
+            "rollout.max_turns=3",
+            f"rollout.max_new_tokens={args.max_new_tokens}",
+            "rollout.max_context_tokens=1024",
+            "rewards=[{name: accuracy}, {name: format, weight: 0.1}]",
+            f"train.steps={max(1, args.train_steps)}",
+            f"train.tasks_per_step={args.tasks}",
+            f"train.group_size={args.group_size}",
+            f"run.output_dir={args.out}",
+            "run.progress=false",
+            "sft.enabled=true",
+            f"sft.tasks={max(4, args.tasks)}",
+            "sft.epochs=1",
+        ],
+    )
+    parts = build(tcfg)
+    cfg, tok, reward = tcfg.rollout, parts.tokenizer, parts.reward
+    tasks = parts.tasks("train")[: args.tasks]
 
     # 1. The oracle through the text-policy path: token-exact demonstrations (no generation, so a
     #    generous per-turn limit costs nothing and never truncates a demonstration).
-    demos = run_text_policy(UnitConvertEnv, tasks, None, tok, cfg.model_copy(update={"max_new_tokens": 256}))
+    demos = run_text_policy(parts.env_factory, tasks, None, tok, cfg.model_copy(update={"max_new_tokens": 256}))
     reward.score_groups(demos)
     d = demos[0].trajectories[0]
     print(
@@ -199,8 +213,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
 
     # 2. The model through RolloutEngine: groups of sampled episodes.
-    engine = RolloutEngine(HFBackend(model, tok), tok, cfg)
-    groups = engine.run_groups(UnitConvertEnv, tasks, args.group_size)
+    engine = RolloutEngine(parts.backend, tok, cfg)
+    groups = engine.run_groups(parts.env_factory, tasks, args.group_size)
     reward.score_groups(groups)
     stats = rollout_stats(groups, env.parser)
     print(
@@ -211,29 +225,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {"demos": demos, "groups": groups, "stats": stats}
     # 3. Optional: train on the environment (by its registered name).
     if args.train_steps:
-        from flowgrpo.config import load_config
         from flowgrpo.trainer import Trainer
 
-        tcfg = load_config(
-            None,
-            [
-                f"model.name={args.model}",
-                "env.name=unit_convert",
-                "rollout.max_turns=3",
-                f"rollout.max_new_tokens={args.max_new_tokens}",
-                "rollout.max_context_tokens=1024",
-                f"train.steps={args.train_steps}",
-                f"train.tasks_per_step={args.tasks}",
-                f"train.group_size={args.group_size}",
-                f"run.output_dir={args.out}",
-                "run.progress=false",
-                "sft.enabled=true",
-                f"sft.tasks={max(4, args.tasks)}",
-                "sft.epochs=1",
-            ],
-        )
-        tcfg.rewards = [RewardSpec(name="accuracy"), RewardSpec(name="format", weight=0.1)]
-        trainer = Trainer(tcfg, model=model, tokenizer=tok)
+        trainer = Trainer(tcfg, parts)
         result["train"] = trainer.train()
         print(f"trained {trainer.step} steps: {result['train'].get('status')}; run directory {args.out}")
     return result

@@ -26,11 +26,12 @@ group. A group whose rewards are all equal gets advantage 0 (never NaN), as does
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from flowgrpo.types import Trajectory, TrajectoryGroup
+if TYPE_CHECKING:  # the estimators read rewards and turns of these objects; no runtime dependency
+    from flowgrpo.types import Trajectory, TrajectoryGroup
 
 
 def grpo(rewards: torch.Tensor, *, scale_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:

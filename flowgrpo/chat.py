@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from flowgrpo.parsing import ActionParser
 from flowgrpo.types import Message
 
 _SENT_A = "\u2063ASSISTANT_SENTINEL_7f3a\u2063"
@@ -74,7 +75,7 @@ class ChatFormat:
         tokenizer: Any,
         *,
         tools: Sequence[Any] = (),
-        parser: Any = None,
+        parser: ActionParser | None = None,
         end_of_turn_ids: Sequence[int] | None = None,
         tool_role: bool | None = None,
     ) -> None:
@@ -97,7 +98,7 @@ class ChatFormat:
             end_of_turn_ids = eot
         self.end_of_turn_ids = [int(i) for i in end_of_turn_ids]
         self.native_tools = bool(self.tool_schemas) and self._template_renders_tools()
-        if self.tool_schemas and not self.native_tools and not hasattr(parser, "format_instructions"):
+        if self.tool_schemas and not self.native_tools and parser is None:
             raise ChatTemplateError(
                 "the chat template ignores tools= and no parser with format_instructions(tools) was "
                 "given for the tool-prompt fallback"

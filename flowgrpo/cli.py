@@ -115,8 +115,8 @@ def _run_envs(args: argparse.Namespace) -> int:
         except Exception as e:  # a plugin that fails to import still gets listed, with the reason
             print(f"{name:<{width}}  (cannot be built with default arguments: {type(e).__name__}: {e})")
             continue
-        doc = _first_line(type(env).__doc__) or _first_line(getattr(env, "system_prompt", ""))
-        tools = ", ".join(getattr(t, "name", "?") for t in getattr(env, "tools", [])) or "(none)"
+        doc = _first_line(type(env).__doc__) or _first_line(env.system_prompt)
+        tools = ", ".join(t.name for t in env.tools) or "(none)"
         print(f"{name:<{width}}  {doc}")
         print(f"{'':<{width}}  tools: {tools}")
     return 0

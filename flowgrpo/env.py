@@ -1,18 +1,13 @@
 """Environments: multi-turn text episodes over tools.
 
-CONTRACT (other modules rely on these names; extend, do not rename):
 - ``Task`` (re-exported from flowgrpo.types): id, prompt, answer, metadata.
 - ``StepResult``: observations (list[Message]), reward (per-turn shaping, default 0),
   terminated (the episode reached its end, e.g. a final answer), truncated (cut short by the env),
   info (dict).
-- ``Environment`` protocol: ``name``; ``tools`` (Sequence[Tool]); ``parser`` (an ActionParser,
-  which fixes the answer format); ``system_prompt`` (str, without tool descriptions: the chat layer
-  renders those); ``async reset(task) -> list[Message]`` (the opening messages: system + user);
-  ``async step(action: ParsedAction) -> StepResult``; ``tasks(split: "train" | "test") -> list[Task]``.
-  One instance runs one episode at a time; the rollout makes one instance per concurrent episode.
+- :class:`Environment`: every member the rollout, the trainer and the checks use (see its
+  docstring). One instance runs one episode at a time; the rollout makes one instance per
+  concurrent episode. :class:`BaseEnvironment` gives the optional members their defaults.
 - ``register(name, factory)``, ``make(name, **kw) -> Environment``, ``list_envs() -> list[str]``.
-
-Added by the ENVS layer:
 - Discovery of third-party environments through the entry-point group ``"flowgrpo.envs"`` (our
   built-ins are declared there too, so a plugin package is a first-class citizen). An explicit
   :func:`register` wins over an entry point of the same name.
@@ -33,7 +28,6 @@ it answers no call and chat templates without tool support render ``user`` every
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -45,6 +39,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from flowgrpo.aio import run_sync
+from flowgrpo.parsing import ActionParser, HermesParser
 from flowgrpo.tool import Tool, execute_tool_calls, to_openai_schema
 from flowgrpo.types import Message, ParsedAction, Task, ToolCall
 
@@ -64,11 +59,36 @@ class StepResult(BaseModel):
 
 
 @runtime_checkable
+class Oracle(Protocol):
+    """A scripted policy: given the conversation so far, the next action as text in the env parser's
+    format. Oracles act only on what they see in ``messages`` (the real tools' outputs included), so
+    running one through the rollout engine yields ordinary demonstration trajectories."""
+
+    async def act(self, messages: list[Message]) -> str: ...
+
+
+@runtime_checkable
 class Environment(Protocol):
+    """What the rollout engine, the trainer and :func:`check_environment` use of an environment.
+
+    - ``name``: recorded in every trajectory.
+    - ``tools``: rendered into the prompt by the chat layer; ``parser`` (an ``ActionParser``) fixes
+      the action format; ``system_prompt`` is the opening instruction without tool descriptions.
+    - ``tool_timeout_s``: seconds per tool call; the rollout sets it from ``rollout.tool_timeout_s``
+      (None: each tool's own limit).
+    - ``spec``: how the instance was made (:func:`make` sets it), or None.
+    - ``reset(task)`` -> the opening messages (system + user); ``step(action)`` -> a StepResult;
+      ``tasks(split)`` -> the tasks of ``"train"`` or ``"test"``.
+    - ``oracle()``: a scripted policy that solves the tasks through the real tools (demonstrations
+      for a supervised warm start), or None when the environment has none.
+    """
+
     name: str
     tools: Sequence[Tool]
-    parser: Any  # flowgrpo.parsing.ActionParser
+    parser: ActionParser
     system_prompt: str
+    tool_timeout_s: float | None
+    spec: EnvSpec | None
 
     async def reset(self, task: Task) -> list[Message]: ...
 
@@ -76,14 +96,7 @@ class Environment(Protocol):
 
     def tasks(self, split: Split) -> list[Task]: ...
 
-
-@runtime_checkable
-class Oracle(Protocol):
-    """A scripted policy: given the conversation so far, the next action as text in the env parser's
-    format. Oracles act only on what they see in ``messages`` (the real tools' outputs included), so
-    running one through the rollout engine yields ordinary demonstration trajectories."""
-
-    async def act(self, messages: list[Message]) -> str: ...
+    def oracle(self) -> Oracle | None: ...
 
 
 class TaskOracle:
@@ -169,9 +182,7 @@ def make(name: str, **kwargs: Any) -> Environment:
             f'entry points: [project.entry-points."{ENTRY_POINT_GROUP}"] {name} = "pkg.module:Class"'
         )
     env = _REGISTRY[name](**kwargs)
-    # a frozen/slotted env cannot take the attribute: re-creation checks are then skipped
-    with contextlib.suppress(AttributeError, TypeError):
-        env.spec = EnvSpec(name=name, kwargs=dict(kwargs))  # type: ignore[attr-defined]
+    env.spec = EnvSpec(name=name, kwargs=dict(kwargs))
     return env
 
 
@@ -191,13 +202,23 @@ DEFAULT_NUDGE = (
 )
 
 
-def _default_parser() -> Any:
-    from flowgrpo.parsing import HermesParser  # lazy: the parsing layer sits beside this one
+class BaseEnvironment:
+    """Defaults for the optional members of :class:`Environment`: no tools, the tools' own time
+    limits, no spec, no oracle. A subclass sets ``name``, ``parser`` and ``system_prompt`` and writes
+    ``reset``, ``step`` and ``tasks``."""
 
-    return HermesParser()
+    name: str = "env"
+    tools: Sequence[Tool] = ()
+    system_prompt: str = ""
+    tool_timeout_s: float | None = None
+    spec: EnvSpec | None = None
+
+    def oracle(self) -> Oracle | None:
+        """No scripted policy: a supervised warm start needs demonstrations from elsewhere."""
+        return None
 
 
-class ToolEnv:
+class ToolEnv(BaseEnvironment):
     """Base class for tool-using environments.
 
     A subclass sets ``name`` and ``system_prompt``, passes its tools to ``__init__`` and implements
@@ -223,7 +244,7 @@ class ToolEnv:
         self,
         tools: Sequence[Tool] = (),
         *,
-        parser: Any = None,
+        parser: ActionParser | None = None,
         system_prompt: str | None = None,
         tool_timeout_s: float | None = None,
         max_steps: int | None = None,
@@ -232,7 +253,7 @@ class ToolEnv:
         names = [t.name for t in self.tools]
         if len(set(names)) != len(names):
             raise ValueError(f"tool names must be unique, got {names}")
-        self.parser = parser if parser is not None else _default_parser()
+        self.parser: ActionParser = parser if parser is not None else HermesParser()
         if system_prompt is not None:
             self.system_prompt = system_prompt
         self.tool_timeout_s = tool_timeout_s
@@ -325,6 +346,11 @@ def render_tool_call(name: str, arguments: Mapping[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
+_ENV_MEMBERS = (
+    "name", "tools", "parser", "system_prompt", "tool_timeout_s", "spec", "reset", "step", "tasks", "oracle"
+)
+
+
 class EnvCheckError(AssertionError):
     """An environment that breaks the protocol; the message lists every problem found."""
 
@@ -364,20 +390,18 @@ async def acheck_environment(
 
     # 1. static attributes
     if not isinstance(env, Environment):
-        missing = [
-            a
-            for a in ("name", "tools", "parser", "system_prompt", "reset", "step", "tasks")
-            if not hasattr(env, a)
-        ]
+        members = dir(env)
+        missing = [a for a in _ENV_MEMBERS if a not in members]
         raise EnvCheckError(
-            f"{type(env).__name__} does not implement the Environment protocol (missing: {missing})"
+            f"{type(env).__name__} does not implement the Environment protocol (missing: {missing}); "
+            "subclass flowgrpo.env.BaseEnvironment for the optional members' defaults"
         )
     if not isinstance(env.name, str) or not env.name:
         problems.append("name must be a non-empty string")
     if not isinstance(env.system_prompt, str):
         problems.append("system_prompt must be a string")
-    if not callable(getattr(env.parser, "parse", None)):
-        problems.append("parser must have a parse(text) -> ParsedAction method")
+    if not isinstance(env.parser, ActionParser):
+        problems.append("parser must have parse(text) -> ParsedAction and format_instructions(tools) -> str")
     tool_names: list[str] = []
     for t in env.tools:
         if not isinstance(t, Tool):
@@ -405,7 +429,7 @@ async def acheck_environment(
     splits: dict[str, list[Task]] = {}
     for split in ("train", "test"):
         try:
-            ts = env.tasks(split)  # type: ignore[arg-type]
+            ts = env.tasks(split)
         except Exception as e:
             problems.append(f"tasks({split!r}) raised {type(e).__name__}: {e}")
             continue
@@ -417,7 +441,7 @@ async def acheck_environment(
         ids = [x.id for x in ts]
         if len(set(ids)) != len(ids):
             problems.append(f"tasks({split!r}) has duplicate ids")
-        if env.tasks(split) != ts:  # type: ignore[arg-type]
+        if env.tasks(split) != ts:
             problems.append(f"tasks({split!r}) is not deterministic: two calls gave different tasks")
         splits[split] = ts
     if "train" in splits and "test" in splits:
@@ -427,8 +451,8 @@ async def acheck_environment(
         shared = {x.prompt for x in tr} & {x.prompt for x in te}
         if shared:
             problems.append(f"train and test share {len(shared)} prompts, e.g. {next(iter(shared))[:80]!r}")
-    if make_env is None and getattr(env, "spec", None) is not None:
-        spec = env.spec  # type: ignore[attr-defined]
+    spec = env.spec
+    if make_env is None and spec is not None:
 
         def make_env() -> Environment:
             return make(spec.name, **spec.kwargs)
@@ -436,7 +460,7 @@ async def acheck_environment(
     if make_env is not None and splits:
         other = make_env()
         for split, ts in splits.items():
-            if other.tasks(split) != ts:  # type: ignore[arg-type]
+            if other.tasks(split) != ts:
                 problems.append(f"tasks({split!r}) differs between two instances with the same config (seed)")
     elif make_env is None:
         warnings.append(
@@ -519,9 +543,8 @@ async def acheck_environment(
             pass
 
     # 4. the oracle, if any, produces text
-    oracle_factory = getattr(env, "oracle", None)
-    if check_oracle and callable(oracle_factory):
-        oracle = oracle_factory()
+    oracle = env.oracle() if check_oracle else None
+    if oracle is not None:
         if not isinstance(oracle, Oracle):
             problems.append("env.oracle() must return an object with async act(messages) -> str")
         else:
@@ -540,7 +563,7 @@ async def acheck_environment(
     if splits.get("test"):
         await env.reset(splits["test"][0])
     for w in warnings:
-        log.warning("check_environment(%s): %s", getattr(env, "name", "?"), w)
+        log.warning("check_environment(%s): %s", env.name, w)
     return warnings
 
 
@@ -562,7 +585,9 @@ def check_environment(
 async def run_oracle(env: Environment, task: Task, *, max_turns: int = 8) -> tuple[StepResult, list[Message]]:
     """Run ``env.oracle()`` on one task through ``env.step`` (the real tools); return the last
     StepResult and the whole conversation. Used by tests and to sanity-check new environments."""
-    oracle = env.oracle()  # type: ignore[attr-defined]
+    oracle = env.oracle()
+    if oracle is None:
+        raise EnvError(f"environment {env.name!r} has no oracle")
     messages = await env.reset(task)
     result = StepResult()
     for _ in range(max_turns):

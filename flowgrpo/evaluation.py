@@ -14,16 +14,20 @@ batch, not 500 sequential episodes.
 from __future__ import annotations
 
 import math
+import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from flowgrpo.components import Components
+from flowgrpo.env import Split
 from flowgrpo.metrics import accuracy_of, rollout_stats
-from flowgrpo.rollout import RolloutConfig, RolloutEngine
+from flowgrpo.rollout import RolloutEngine
 from flowgrpo.stats import Z95, PairedComparison, mean_pass_at_k, paired_difference, wilson_interval
-from flowgrpo.types import Task, TrajectoryGroup
+from flowgrpo.types import TrajectoryGroup
 
 PASS_KS = (1, 2, 4, 8)
 
@@ -120,29 +124,28 @@ def summarize(
 
 
 def evaluate(
-    backend: Any,
-    tokenizer: Any,
-    rollout: RolloutConfig,
-    env_factory: Callable[[], Any],
-    tasks: Sequence[Task],
-    reward: Any,
+    parts: Components,
+    split: Split = "test",
+    n: int | None = None,
     *,
     samples: int = 1,
     greedy: bool = True,
     label: str = "eval",
     step: int = 0,
-    split: str = "test",
-    parser: Any = None,
     progress: bool = False,
 ) -> tuple[EvalResult, list[TrajectoryGroup]]:
-    """Run ``samples`` episodes of every task concurrently, score them with ``reward``, summarise.
+    """Run ``samples`` episodes of each of the first ``n`` tasks of ``split`` (all when None) with
+    ``parts.backend``, score them with ``parts.reward``, summarise.
 
     Greedy evaluation (temperature 0) with ``samples > 1`` would repeat one episode, so it is refused.
     Returns the result and the scored groups (for saving and failure analysis).
     """
+    tasks = parts.tasks(split)
+    tasks = tasks[:n] if n else tasks
+    backend, reward = parts.backend, parts.reward
     if greedy and samples != 1:
         raise ValueError("greedy evaluation is deterministic: use samples=1, or greedy=False to sample")
-    cfg = rollout
+    cfg = parts.config.rollout
     if greedy:
         cfg = cfg.model_copy(update={"sampling": cfg.sampling.model_copy(update={"temperature": 0.0})})
     bar = None
@@ -160,12 +163,14 @@ def evaluate(
     # its keys/values between turns. One wave of 500 episodes would queue later turns behind first
     # turns until the prefix cache had evicted them, re-prefilling every context (measured: 64
     # episodes 51 s, 200 episodes > 4 min on 2 CPU cores).
-    engine = RolloutEngine(backend, tokenizer, cfg)
+    engine = RolloutEngine(backend, parts.tokenizer, cfg)
     per_wave = max(1, (cfg.max_batch_size or backend.max_batch_size) // samples)
     groups: list[TrajectoryGroup] = []
     try:
         for i in range(0, len(tasks), per_wave):
-            groups += engine.run_groups(env_factory, tasks[i : i + per_wave], samples, on_episode=on_episode)
+            groups += engine.run_groups(
+                parts.env_factory, tasks[i : i + per_wave], samples, policy_version=step, on_episode=on_episode
+            )
     finally:
         if bar is not None:
             bar.close()
@@ -176,10 +181,25 @@ def evaluate(
         step=step,
         split=split,
         greedy=greedy,
-        parser=parser,
+        parser=parts.parser,
         wall_s=time.monotonic() - t0,
     )
     return result, groups
+
+
+def record_evaluation(run_dir: str | os.PathLike, result: EvalResult, groups: Sequence[TrajectoryGroup]) -> None:
+    """Append ``result`` to ``RUN/eval.jsonl`` and write its episodes to ``RUN/eval/LABEL.jsonl``,
+    replacing an earlier evaluation's of the same label (for replay, paired comparisons and failure
+    analysis)."""
+    from flowgrpo.store import TrajectoryWriter
+
+    run = Path(run_dir)
+    episodes = run / "eval" / f"{result.label}.jsonl"
+    episodes.unlink(missing_ok=True)
+    with TrajectoryWriter(episodes) as w:
+        w.write_groups(groups)
+    with open(run / "eval.jsonl", "a") as f:
+        f.write(result.model_dump_json() + "\n")
 
 
 def compare(a: EvalResult, b: EvalResult, *, n: int | None = None) -> PairedComparison:
@@ -193,4 +213,4 @@ def compare(a: EvalResult, b: EvalResult, *, n: int | None = None) -> PairedComp
     return paired_difference(a.outcomes(shared), b.outcomes(shared))
 
 
-__all__ = ["PASS_KS", "EvalResult", "compare", "evaluate", "summarize"]
+__all__ = ["PASS_KS", "EvalResult", "compare", "evaluate", "record_evaluation", "summarize"]

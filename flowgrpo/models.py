@@ -121,6 +121,30 @@ def _cached_dir_for(gguf: Path, name: str) -> Path:
     return cache_dir() / "models" / f"{name}-{gguf.stat().st_size}"
 
 
+def local_model_dir(name_or_path: str) -> Path:
+    """A Hugging Face directory holding ``name_or_path`` (embedded models and GGUF files are
+    converted into the cache once), for engines that load weights from disk themselves (vLLM)."""
+    if name_or_path in EMBEDDED_MODELS:
+        gguf, label = embedded_gguf_path(name_or_path), name_or_path
+    elif str(name_or_path).endswith(".gguf"):
+        gguf, label = Path(name_or_path).expanduser(), Path(name_or_path).stem
+        if not gguf.is_file():
+            raise ModelLoadError(f"GGUF file {gguf} does not exist")
+    else:
+        path = Path(name_or_path).expanduser()
+        if not path.is_dir():
+            raise ModelLoadError(
+                f"{name_or_path!r} is not an embedded model ({sorted(EMBEDDED_MODELS)}), a .gguf file or a "
+                "local model directory; flowgrpo never downloads from a model hub, so download it first "
+                "(e.g. `huggingface-cli download ID --local-dir DIR`) and pass DIR"
+            )
+        return path
+    path = _cached_dir_for(gguf, label)
+    if not (path / "config.json").is_file():
+        convert_to_cache(gguf, path)
+    return path
+
+
 def load_model(
     name_or_path: str = DEFAULT_MODEL,
     *,
@@ -137,33 +161,18 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = _resolve_dtype(dtype)
-    if name_or_path in EMBEDDED_MODELS:
-        gguf: Path | None = embedded_gguf_path(name_or_path)
-        label = name_or_path
-    elif str(name_or_path).endswith(".gguf"):
-        gguf = Path(name_or_path).expanduser()
+    if not cache and (name_or_path in EMBEDDED_MODELS or str(name_or_path).endswith(".gguf")):
+        gguf = (
+            embedded_gguf_path(name_or_path)
+            if name_or_path in EMBEDDED_MODELS
+            else Path(name_or_path).expanduser()
+        )
         if not gguf.is_file():
             raise ModelLoadError(f"GGUF file {gguf} does not exist")
-        label = gguf.stem
-    else:
-        gguf = None
-        path = Path(name_or_path).expanduser()
-        if not path.is_dir():
-            raise ModelLoadError(
-                f"{name_or_path!r} is not an embedded model ({sorted(EMBEDDED_MODELS)}), a .gguf file or a "
-                "local model directory; flowgrpo never downloads from a model hub, so download it first "
-                "(e.g. `huggingface-cli download ID --local-dir DIR`) and pass DIR"
-            )
-
-    if gguf is not None:
-        if not cache:
-            model, tok = _load_gguf(gguf)
-            model = model.to(torch_dtype)
-            return (model.to(device) if device else model), _finish_tokenizer(tok)
-        path = _cached_dir_for(gguf, label)
-        if not (path / "config.json").is_file():
-            convert_to_cache(gguf, path)
-
+        model, tok = _load_gguf(gguf)
+        model = model.to(torch_dtype)
+        return (model.to(device) if device else model), _finish_tokenizer(tok)
+    path = local_model_dir(name_or_path)
     try:
         tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True)
@@ -174,6 +183,17 @@ def load_model(
     if device:
         model = model.to(device)
     return model, _finish_tokenizer(tok)
+
+
+def load_tokenizer(name_or_path: str) -> Any:
+    """The tokenizer of a model name as :func:`load_model` takes it (``tiny`` included), without
+    loading weights: replay and reports show tokens as text."""
+    from transformers import AutoTokenizer
+
+    if name_or_path == "tiny":
+        return tiny_tokenizer()
+    path = local_model_dir(name_or_path)
+    return _finish_tokenizer(AutoTokenizer.from_pretrained(path, local_files_only=True))
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,10 +1,8 @@
 """Parsing a policy's text into tool calls and a final answer.
 
-CONTRACT (other modules rely on these names; extend, do not rename):
 - ``ParseError``: the only exception a parser's ``parse`` may raise (for input that is not text at
   all); malformed *text* never raises, it becomes ``ParsedAction.errors``.
-- ``ActionParser`` protocol: ``answer_tag``; ``parse(text) -> ParsedAction``;
-  ``format_instructions(tools) -> str``.
+- ``ActionParser`` protocol: ``parse(text) -> ParsedAction``; ``format_instructions(tools) -> str``.
 - ``HermesParser(answer_tag="answer")``: the Hermes / Qwen2.5 format,
   ``<tool_call>{"name": "calculator", "arguments": {"expression": "2+2"}}</tool_call>`` (any number
   per turn) and ``<answer>...</answer>`` for the final answer; ``format_call`` / ``format_answer``
@@ -39,7 +37,8 @@ class ParseError(Exception):
 
 @runtime_checkable
 class ActionParser(Protocol):
-    answer_tag: str
+    """Text of one action -> a :class:`ParsedAction` (malformed parts go to its ``errors``), and
+    the instructions that teach a model the format when its chat template ignores ``tools=``."""
 
     def parse(self, text: str) -> ParsedAction: ...
 

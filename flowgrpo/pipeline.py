@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from flowgrpo.config import TrainConfig
+from flowgrpo.env import Split
 from flowgrpo.evaluation import EvalResult, compare
 from flowgrpo.rundir import RunDir, RunError
 
@@ -91,7 +92,7 @@ def train_and_evaluate(
 def evaluate_run(
     cfg: TrainConfig,
     *,
-    split: str = "test",
+    split: Split = "test",
     n: int | None = None,
     greedy: bool = True,
     samples: int = 1,
@@ -100,16 +101,34 @@ def evaluate_run(
     record: bool = False,
 ) -> EvalResult:
     """Evaluate the latest (or a given) checkpoint of a run, or the untrained model of a config
-    (``checkpoint="untrained"``)."""
-    from flowgrpo.trainer import Trainer
+    (``checkpoint="untrained"``): the config's parts with the checkpoint's policy weights, and no
+    optimizer or reference model."""
+    from flowgrpo.checkpoint import load_checkpoint
+    from flowgrpo.components import build
+    from flowgrpo.evaluation import evaluate, record_evaluation
 
-    cfg = cfg.model_copy(deep=True)
-    if checkpoint == "untrained":
-        cfg.run.resume = False
-    else:
-        cfg.run.resume = checkpoint or (Path(cfg.run.output_dir) / "checkpoints").is_dir()
-    trainer = Trainer(cfg)
-    return trainer.evaluate(split, n, greedy=greedy, samples=samples, label=label, record=record)
+    parts = build(cfg)
+    step = 0
+    if checkpoint != "untrained":
+        path = Path(checkpoint) if checkpoint else None
+        if path is None and Path(cfg.run.output_dir).is_dir():
+            path = RunDir(cfg.run.output_dir).latest_checkpoint()
+        if path is not None:
+            step = int(load_checkpoint(path, model=parts.model, restore_rng=False)["step"])
+            parts.backend.sync_weights(parts.model)
+    result, groups = evaluate(
+        parts,
+        split,
+        n,
+        greedy=greedy,
+        samples=samples,
+        label=label,
+        step=step,
+        progress=cfg.run.progress,
+    )
+    if record:
+        record_evaluation(cfg.run.output_dir, result, groups)
+    return result
 
 
 def side_label(side: str) -> str:
@@ -122,7 +141,7 @@ def side_label(side: str) -> str:
 
 
 def compare_checkpoints(
-    cfg: TrainConfig, a: str, b: str, *, split: str = "test", n: int = 500
+    cfg: TrainConfig, a: str, b: str, *, split: Split = "test", n: int = 500
 ) -> dict[str, Any]:
     """Compare two checkpoints of a run on the same first ``n`` tasks of ``split`` (greedy).
 

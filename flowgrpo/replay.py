@@ -32,9 +32,9 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from flowgrpo.parsing import ParseError
 from flowgrpo.rundir import RunDir, RunError
 from flowgrpo.types import Message, ParsedAction, Task, Termination, Trajectory, TrajectoryGroup
 
@@ -48,9 +48,8 @@ log = logging.getLogger(__name__)
 def load_tokenizer_for_run(run: RunDir) -> Any | None:
     """The run's tokenizer, or None (with a logged reason) when it cannot be had offline.
 
-    ``tiny`` names :func:`flowgrpo.models.tiny_tokenizer` (what tests train with); other names go
-    through :func:`flowgrpo.models.load_model`'s resolution but load only the tokenizer when a
-    converted model directory exists.
+    Names resolve as :func:`flowgrpo.models.load_model` resolves them (``tiny`` is the tests'
+    tokenizer); only the tokenizer is loaded.
     """
     try:
         name = run.config().model.name
@@ -58,34 +57,12 @@ def load_tokenizer_for_run(run: RunDir) -> Any | None:
         log.warning("%s: showing token ids", e)
         return None
     try:
+        from flowgrpo.models import load_tokenizer
+
         return load_tokenizer(name)
     except Exception as e:
         log.warning("cannot load the tokenizer of %r (%s): showing token ids", name, e)
         return None
-
-
-def load_tokenizer(name: str) -> Any:
-    """A tokenizer by model name, never from a hub: ``tiny``, an embedded model, a local directory."""
-    from flowgrpo import models
-
-    if name == "tiny" or name.startswith("tiny-") or name.startswith("tiny_"):
-        return models.tiny_tokenizer()
-    if hasattr(models, "load_tokenizer"):
-        return models.load_tokenizer(name)
-    from transformers import AutoTokenizer
-
-    if name in models.EMBEDDED_MODELS:
-        gguf = models.embedded_gguf_path(name)
-        cached = models._cached_dir_for(gguf, name)
-        if (cached / "tokenizer_config.json").is_file() or (cached / "tokenizer.json").is_file():
-            return models._finish_tokenizer(AutoTokenizer.from_pretrained(cached, local_files_only=True))
-        return models._finish_tokenizer(
-            AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
-        )
-    path = Path(name).expanduser()
-    if path.is_dir():
-        return models._finish_tokenizer(AutoTokenizer.from_pretrained(path, local_files_only=True))
-    raise FileNotFoundError(f"{name!r} is neither 'tiny', an embedded model nor a local directory")
 
 
 def make_run_env_factory(
@@ -460,10 +437,6 @@ def _parsed_action(env: Any, turn_action: Message) -> tuple[ParsedAction, str]:
     ids included, so ``tool_call_id`` matches) plus the answer and errors the parser reads from its
     text. Returns a note when the parser now reads different tool calls than were recorded."""
     try:
-        from flowgrpo.parsing import ParseError
-    except ImportError:  # pragma: no cover - parsing ships with flowgrpo
-        ParseError = ValueError  # type: ignore[misc,assignment]
-    try:
         parsed = env.parser.parse(turn_action.content)
     except ParseError as e:
         return ParsedAction(message=turn_action, errors=[str(e)]), ""
@@ -610,7 +583,6 @@ __all__ = [
     "cli_replay",
     "format_summary",
     "format_trajectory",
-    "load_tokenizer",
     "load_tokenizer_for_run",
     "make_run_env_factory",
     "parse_reward_args",

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from flowgrpo.evaluation import EvalResult
+from flowgrpo.parsing import extract_answer
 from flowgrpo.replay import load_tokenizer_for_run
 from flowgrpo.rundir import MetricRecord, RunDir, RunError
 from flowgrpo.types import Trajectory
@@ -311,10 +312,6 @@ def _token_spans(
 def _final_answer(traj: Trajectory) -> str | None:
     msg = traj.final_message
     if msg is None:
-        return None
-    try:
-        from flowgrpo.parsing import extract_answer
-    except ImportError:  # pragma: no cover - parsing ships with flowgrpo
         return None
     return extract_answer(msg.content)
 

@@ -41,35 +41,47 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import json
 import logging
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from flowgrpo.backends.base import GenerationResult, RolloutBackend, SamplingParams
+from flowgrpo.backends.base import (
+    BackendName,
+    GenerationResult,
+    RolloutBackend,
+    SamplingParams,
+    ServerConfig,
+    VLLMConfig,
+)
 from flowgrpo.chat import ChatFormat
 from flowgrpo.env import Environment
+from flowgrpo.parsing import ParseError
 from flowgrpo.types import Message, ParsedAction, Task, Termination, Trajectory, TrajectoryGroup, Turn
 
 log = logging.getLogger(__name__)
 
 
 class RolloutConfig(BaseModel):
-    """Limits and sampling for rollouts."""
+    """The backend that samples episodes, and the limits and sampling of rollouts."""
 
     model_config = ConfigDict(extra="forbid")
+    backend: BackendName = Field(
+        "hf",
+        description="hf: the trainer's own model (CPU or GPU); openai: an OpenAI-compatible server "
+        "(rollout.server.base_url); vllm: an in-process vLLM engine on a GPU (rollout.vllm)",
+    )
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
     max_turns: int = Field(4, ge=1)
     max_new_tokens: int = Field(256, ge=1, description="per turn")
     max_context_tokens: int = Field(2048, ge=2)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
-    tool_timeout_s: float = Field(
-        10.0, gt=0, description="per tool call (set on envs that have tool_timeout_s)"
-    )
+    tool_timeout_s: float = Field(10.0, gt=0, description="per tool call (given to every environment)")
     step_timeout_s: float | None = Field(
         None, gt=0, description="a whole env.step; default 3 * tool_timeout_s + 5"
     )
@@ -88,7 +100,24 @@ class RolloutConfig(BaseModel):
         5.0, ge=0, description="static scheduling: how long to collect requests before a batch"
     )
 
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature the trainer scores actions under: the one they were sampled at (1 for
+        greedy decoding, whose logprobs are those of the raw model)."""
+        t = self.sampling.temperature
+        return t if t > 0 else 1.0
 
+    @model_validator(mode="after")
+    def _server_named(self) -> RolloutConfig:
+        if self.backend == "openai" and not self.server.base_url:
+            raise ValueError(
+                "rollout.backend=openai needs the server's address: set rollout.server.base_url "
+                "(e.g. http://127.0.0.1:8000/v1 after `flowgrpo serve --model ... --port 8000`)"
+            )
+        return self
+
+
+@runtime_checkable
 class TextPolicy(Protocol):
     """A policy that acts in text, e.g. an environment oracle."""
 
@@ -113,7 +142,6 @@ class _Batcher:
         self.live = 0
         self._changed = asyncio.Event()
         self._calls = 0
-        self._per_prompt = bool(getattr(backend, "per_prompt_max_new_tokens", False))
         self.batch_sizes: list[int] = []
         self.gate: _FirstTurnGate | None = None
 
@@ -158,15 +186,7 @@ class _Batcher:
         self.batch_sizes.append(len(batch))
         prompts = [r.ids for r in batch]
         try:
-            if self._per_prompt:
-                results = await self.backend.generate(
-                    prompts,
-                    params,
-                    max_new_tokens=[r.limit for r in batch],  # type: ignore[call-arg]
-                )
-            else:
-                results = await self.backend.generate(prompts, params)
-                results = [_clip(res, r.limit) for res, r in zip(results, batch, strict=True)]
+            results = await self.backend.generate(prompts, params, max_new_tokens=[r.limit for r in batch])
         except Exception as e:
             for r in batch:
                 if not r.future.done():
@@ -207,14 +227,6 @@ class _FirstTurnGate:
         """An episode ended; it no longer holds the gate if it never reached it."""
         if id(asyncio.current_task()) not in self.arrived:
             self._count()
-
-
-def _clip(res: GenerationResult, limit: int) -> GenerationResult:
-    if len(res.token_ids) <= limit:
-        return res
-    return GenerationResult(
-        token_ids=res.token_ids[:limit], logprobs=res.logprobs[:limit], finish_reason="length"
-    )
 
 
 def _jsonable(x: Any) -> bool:
@@ -265,7 +277,7 @@ class RolloutEngine:
         params = cfg.sampling.model_copy(update={"max_new_tokens": cfg.max_new_tokens})
         max_batch = cfg.max_batch_size or backend.max_batch_size
         batcher = _Batcher(backend, params, max_batch, cfg.batch_wait_ms / 1000)
-        continuous = cfg.scheduling == "continuous" and getattr(backend, "continuous_batching", False)
+        continuous = cfg.scheduling == "continuous" and backend.continuous_batching
         in_flight = asyncio.Semaphore(max_batch)
         episodes = 0
         if continuous:
@@ -296,7 +308,7 @@ class RolloutEngine:
                     await batcher.gate.arrive()
                 turns += 1
                 async with in_flight:
-                    return (await backend.generate([ids], p, max_new_tokens=[limit]))[0]  # type: ignore[call-arg]
+                    return (await backend.generate([ids], p, max_new_tokens=[limit]))[0]
 
             return act_now
 
@@ -310,9 +322,7 @@ class RolloutEngine:
                 runner.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await runner
-            release = getattr(backend, "clear_prefix_cache", None)
-            if release is not None:  # the episodes are over: their cached turns are dead weight
-                release()
+            backend.clear_prefix_cache()  # the episodes are over: their cached turns are dead weight
         self.last_batch_sizes = batcher.batch_sizes
         return groups
 
@@ -375,10 +385,8 @@ class RolloutEngine:
         t0 = time.monotonic()
         try:
             env = env_factory()
-            traj.env = getattr(env, "name", type(env).__name__)
-            if hasattr(env, "tool_timeout_s"):
-                with contextlib.suppress(AttributeError):
-                    env.tool_timeout_s = cfg.tool_timeout_s  # type: ignore[attr-defined]
+            traj.env = env.name
+            env.tool_timeout_s = cfg.tool_timeout_s
             chat = ChatFormat(self.tokenizer, tools=list(env.tools), parser=env.parser)
             act = make_actor(chat)
             opening = await env.reset(task)
@@ -459,10 +467,6 @@ class RolloutEngine:
     @staticmethod
     def _parse(env: Environment, text: str) -> ParsedAction:
         try:
-            from flowgrpo.parsing import ParseError  # type: ignore[import-not-found]
-        except ImportError:  # the parsing module is optional for custom parsers
-            ParseError = ValueError  # type: ignore[misc,assignment]
-        try:
             return env.parser.parse(text)
         except ParseError as e:
             return ParsedAction(message=Message(role="assistant", content=text), errors=[str(e)])
@@ -515,14 +519,15 @@ async def rollout_text_policy(
 
         def make_actor(chat: ChatFormat) -> Actor:
             env = holder["env"]
+            p: TextPolicy | None
             if policy is None:
-                if not hasattr(env, "oracle"):
-                    raise TypeError(f"environment {type(env).__name__} has no oracle(); pass a policy")
-                p = env.oracle()  # type: ignore[attr-defined]
-            elif hasattr(policy, "act") and inspect.iscoroutinefunction(policy.act):  # type: ignore[union-attr]
-                p = policy  # type: ignore[assignment]
+                p = env.oracle()
+                if p is None:
+                    raise TypeError(f"environment {env.name!r} has no oracle (env.oracle() is None); pass a policy")
+            elif isinstance(policy, TextPolicy):
+                p = policy
             elif callable(policy):
-                p = policy(env)  # type: ignore[call-arg]
+                p = policy(env)
             else:
                 raise TypeError("policy must have `async act(messages)` or be a callable env -> policy")
             return _text_actor(p)(chat)

@@ -1,6 +1,5 @@
 """Tools the policy acts through.
 
-CONTRACT (other modules rely on these names; extend, do not rename):
 - ``ToolError``: raised by a tool (or by :func:`invoke`) for a failure the model should read.
 - ``ToolOutput(content, artifact=None)``: what a call returns (``artifact``: raw data kept for
   rewards/replay, never shown to the model).

@@ -5,7 +5,7 @@ One RL step (:meth:`Trainer.train_step`)::
     tasks    = the next ``tasks_per_step`` tasks of a seeded, reshuffled-per-epoch stream
     groups   = ``group_size`` multi-turn episodes per task           (flowgrpo.rollout, shares our model)
     rewards  = CompositeReward fills traj.reward + breakdown          (flowgrpo.rewards)
-    advs     = compute_advantages(groups, estimator)                 (flowgrpo.advantages)
+    advs     = parts.estimator(groups)                               (flowgrpo.advantages)
     drop groups whose rewards are all equal (no signal; DAPO's dynamic sampling, without resampling)
     rows     = one packed row per episode (prefix merging)           (flowgrpo.batching)
     for epoch, mini-batch:                                           (PPO-style reuse of the batch)
@@ -16,14 +16,15 @@ One RL step (:meth:`Trainer.train_step`)::
         clip grad norm, optimizer step (a NaN/inf loss or gradient skips it, counted)
     LR schedule step, metrics (JSONL, TensorBoard), trajectories (JSONL), checkpoint
 
-The algorithms live in their modules as pure functions; this file only wires them. The chosen
-estimator is a function from the registry, the aggregation a name the loss owns.
+The parts come from :func:`flowgrpo.components.build` (policy, backend, environment, tasks, reward,
+estimator); the algorithms live in their modules as pure functions; the supervised warm start is
+:mod:`flowgrpo.sft` and evaluation :mod:`flowgrpo.evaluation`. This file only runs the loop.
 
 What it leaves out, and why: no value model (group baselines replace it, as in GRPO); no
 resampling of zero-variance groups (it makes the step's cost unpredictable on CPU); the sampler's
-logprobs are the "old" policy (the rollout backend shares this model, so they agree up to numerics;
-``algorithm.tis`` recomputes them and corrects the gap with truncated importance sampling); no
-distributed training here (torchrun/DDP wraps the same step).
+logprobs are the "old" policy (the ``hf`` backend shares this model, so they agree up to numerics;
+``algorithm.tis`` recomputes them and corrects the gap with truncated importance sampling, which a
+served policy needs); no distributed training here (torchrun/DDP wraps the same step).
 
 Reproducibility: every step reseeds python/numpy/torch from ``(seed, step)`` before sampling, and a
 checkpoint holds model, optimizer, scheduler, RNG states, the step and the task-stream position, so
@@ -46,28 +47,22 @@ from typing import Any
 
 import torch
 
-from flowgrpo.advantages import compute_advantages, is_zero_variance
+from flowgrpo.advantages import is_zero_variance
 from flowgrpo.batching import MicroBatch, Row, build_rows, micro_batches
-from flowgrpo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, seed_everything
+from flowgrpo.checkpoint import load_checkpoint, save_checkpoint, seed_everything
+from flowgrpo.components import Components, GroupScorer, build
 from flowgrpo.config import TrainConfig, dump_config
-from flowgrpo.env import Environment
-from flowgrpo.evaluation import EvalResult
-from flowgrpo.hardware import resolve_autocast
+from flowgrpo.env import Environment, Split
+from flowgrpo.evaluation import EvalResult, evaluate, record_evaluation
 from flowgrpo.logprobs import action_logprobs
-from flowgrpo.loss import policy_loss, sft_loss, truncated_is_weights
+from flowgrpo.loss import policy_loss, truncated_is_weights
 from flowgrpo.metrics import MetricsLogger, rollout_stats
+from flowgrpo.optim import adamw
+from flowgrpo.rollout import RolloutEngine
+from flowgrpo.rundir import RunDir
 from flowgrpo.types import Task, Trajectory, TrajectoryGroup
 
 log = logging.getLogger(__name__)
-
-
-def _adamw(model: Any, **hyper: Any) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters, fused where the device has the kernel: one kernel instead
-    of ~10 ops per tensor, 0.07 s vs 0.39 s a step for SmolLM2-135M on 2 CPU cores."""
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    device_type = trainable[0].device.type if trainable else "cpu"
-    fused = device_type in ("cpu", "cuda") and all(p.is_floating_point() for p in trainable)
-    return torch.optim.AdamW(trainable, fused=fused, **hyper)
 
 
 class TaskStream:
@@ -134,63 +129,42 @@ def frozen_reference(model: torch.nn.Module) -> torch.nn.Module:
 
 
 class Trainer:
-    """Wires rollout, rewards, advantages, batching and the loss into a resumable RL loop.
+    """Runs the resumable RL loop over the parts of a config.
 
     Args:
         config: the run's :class:`~flowgrpo.config.TrainConfig`.
-        model, tokenizer: a ready policy (default: ``flowgrpo.models.load_model(config.model.name)``,
-            or ``tiny_model()`` for ``name: tiny``).
-        env_factory: makes one environment per episode (default: ``flowgrpo.env.make(env.name, **kwargs)``).
-        reward: an object with ``score_groups(groups)`` (default: ``CompositeReward(config.rewards)``).
+        parts: what :func:`flowgrpo.components.build` made of it (built here when None).
+        model, tokenizer, env_factory, reward: ready-made parts for ``build`` (only without ``parts``).
     """
 
     def __init__(
         self,
         config: TrainConfig,
+        parts: Components | None = None,
         *,
         model: Any = None,
         tokenizer: Any = None,
         env_factory: Callable[[], Environment] | None = None,
-        reward: Any = None,
+        reward: GroupScorer | None = None,
     ) -> None:
-        from flowgrpo.backends.hf import HFBackend
-        from flowgrpo.rollout import RolloutEngine
-
         self.cfg = cfg = config
-        seed_everything(cfg.train.seed)
-        if model is None:
-            model, tokenizer = self._load_model()
-        elif tokenizer is None:
-            raise ValueError("pass the tokenizer together with the model")
-        self.model, self.tokenizer = model, tokenizer
+        if parts is None:
+            parts = build(cfg, model=model, tokenizer=tokenizer, env_factory=env_factory, reward=reward)
+        elif any(x is not None for x in (model, tokenizer, env_factory, reward)):
+            raise ValueError("pass either built parts or the pieces to build them from, not both")
+        self.parts = parts
         self.model.train()
-        if env_factory is None:
-            from flowgrpo.env import make
-
-            def env_factory() -> Environment:
-                return make(cfg.env.name, **cfg.env.kwargs)
-
-        self.env_factory = env_factory
-        if reward is None:
-            from flowgrpo.rewards import CompositeReward
-
-            reward = CompositeReward(cfg.rewards)
-        self.reward = reward
         # The KL anchor: skipped entirely (no copy, no forward) when kl_coef is 0.
-        self.ref_model = frozen_reference(model) if cfg.algorithm.kl_coef > 0 else None
-        device_type = next(model.parameters()).device.type
-        self.autocast = resolve_autocast(cfg.model.autocast, device_type)
-        self.backend = HFBackend(model, tokenizer, autocast_dtype=self.autocast)
-        self.engine = RolloutEngine(self.backend, tokenizer, cfg.rollout)
-        self.optimizer = _adamw(
-            model, lr=cfg.train.lr, betas=cfg.train.betas, weight_decay=cfg.train.weight_decay
+        self.ref_model = frozen_reference(self.model) if cfg.algorithm.kl_coef > 0 else None
+        self.engine = RolloutEngine(parts.backend, parts.tokenizer, cfg.rollout)
+        self.optimizer = adamw(
+            self.model, lr=cfg.train.lr, betas=cfg.train.betas, weight_decay=cfg.train.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             lr_lambda(cfg.train.lr_schedule, cfg.train.steps, cfg.train.warmup_steps, cfg.train.min_lr_ratio),
         )
-        self._probe_env = env_factory()
-        self.stream = TaskStream(self._probe_env.tasks("train"), cfg.train.seed)
+        self.stream = TaskStream(parts.tasks("train"), cfg.train.seed)
         self.step = 0
         self.counters = {"nan_skipped_steps": 0, "sft_done": 0}
         self.out = Path(cfg.run.output_dir)
@@ -202,14 +176,26 @@ class Trainer:
         if cfg.run.resume:
             self.resume(None if cfg.run.resume is True else cfg.run.resume)
 
-    def _load_model(self) -> tuple[Any, Any]:
-        from flowgrpo import models
+    # the parts the loop uses most, by name
+    @property
+    def model(self) -> Any:
+        return self.parts.model
 
-        if self.cfg.model.name == "tiny":
-            return models.tiny_model(seed=self.cfg.train.seed)
-        return models.load_model(
-            self.cfg.model.name, dtype=self.cfg.model.dtype, device=self.cfg.model.device
-        )
+    @property
+    def tokenizer(self) -> Any:
+        return self.parts.tokenizer
+
+    @property
+    def env_factory(self) -> Callable[[], Environment]:
+        return self.parts.env_factory
+
+    @property
+    def reward(self) -> GroupScorer:
+        return self.parts.reward
+
+    @reward.setter
+    def reward(self, reward: GroupScorer) -> None:
+        self.parts.reward = reward
 
     # ------------------------------------------------------------------ the loop
     def train(self, until_step: int | None = None, *, eval_last_step: bool = True) -> dict[str, Any]:
@@ -281,6 +267,8 @@ class Trainer:
         trajs = [t for g in train_groups for t in g.trajectories if t.turns]
         t1 = time.monotonic()
         upd = self.update(trajs)
+        if upd["optimizer_steps"]:
+            self.parts.backend.sync_weights(self.model)  # the next rollout samples the updated policy
         t_update = time.monotonic() - t1
         with warnings.catch_warnings():  # a step whose update was skipped still advances the schedule
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
@@ -288,7 +276,7 @@ class Trainer:
         self.step += 1
         if cfg.run.save_trajectories:
             self._save_trajectories(groups)
-        stats = rollout_stats(groups, getattr(self._probe_env, "parser", None))
+        stats = rollout_stats(groups, self.parts.parser)
         m = {
             **stats,
             **upd,
@@ -315,7 +303,7 @@ class Trainer:
             self.env_factory, tasks, cfg.train.group_size, policy_version=self.step
         )
         self.reward.score_groups(groups)
-        compute_advantages(groups, cfg.algorithm.estimator, **cfg.algorithm.estimator_kwargs)
+        self.parts.estimator(groups)
         return groups
 
     def _drop(self, group: TrajectoryGroup) -> bool:
@@ -362,7 +350,7 @@ class Trainer:
         tokens = 0.0
         finite = True
         for mb in micro_batches(
-            rows, cfg.train.micro_batch_tokens, agg=a.agg, norm_len=a.norm_len, pad_id=self._pad_id
+            rows, cfg.train.micro_batch_tokens, agg=a.agg, norm_len=a.norm_len, pad_id=self.parts.pad_id
         ):
             lp, ent = self._logprobs(self.model, mb, with_entropy=True)
             old_lp, is_w = mb.old_logprobs, None
@@ -412,24 +400,14 @@ class Trainer:
         return out
 
     # ------------------------------------------------------------------ helpers of the update
-    @property
-    def _pad_id(self) -> int:
-        pad = self.tokenizer.pad_token_id
-        return int(pad if pad is not None else 0)
-
-    @property
-    def _temperature(self) -> float:
-        t = self.cfg.rollout.sampling.temperature
-        return t if t > 0 else 1.0
-
     def _logprobs(self, model: Any, mb: MicroBatch, *, with_entropy: bool = False):
         return action_logprobs(
             model,
             mb.input_ids,
             mb.attention_mask,
             mb.loss_mask,
-            temperature=self._temperature,
-            autocast_dtype=self.autocast,
+            temperature=self.cfg.rollout.logprob_temperature,
+            autocast_dtype=self.parts.autocast,
             chunk_size=self.cfg.train.logprob_chunk,
             with_entropy=with_entropy,
         )
@@ -438,7 +416,7 @@ class Trainer:
     def _precompute(self, model: Any, rows: list[Row]) -> dict[int, torch.Tensor]:
         """Per-row logprobs under ``model`` (no graph), keyed by ``id(row)``."""
         out: dict[int, torch.Tensor] = {}
-        for mb in micro_batches(rows, self.cfg.train.micro_batch_tokens, pad_id=self._pad_id):
+        for mb in micro_batches(rows, self.cfg.train.micro_batch_tokens, pad_id=self.parts.pad_id):
             lp, _ = self._logprobs(model, mb)
             for i, r in enumerate(mb.rows):
                 out[id(r)] = lp[i, : len(r)].clone()
@@ -477,7 +455,7 @@ class Trainer:
 
     def resume(self, path: str | Path | None = None) -> bool:
         """Load ``path`` (default: the latest checkpoint of this run); False when there is none."""
-        p = Path(path) if path is not None else latest_checkpoint(self.ckpt_root)
+        p = Path(path) if path is not None else RunDir(self.out).latest_checkpoint()
         if p is None:
             log.info("no checkpoint under %s: starting from step 0", self.ckpt_root)
             return False
@@ -487,6 +465,7 @@ class Trainer:
         self.counters.update(state["extra"].get("counters", {}))
         if self.ref_model is not None and "ref_model" in state["extra"]:
             self.ref_model.load_state_dict(state["extra"]["ref_model"])
+        self.parts.backend.sync_weights(self.model)
         log.info("resumed from %s at step %d", p, self.step)
         return True
 
@@ -515,7 +494,7 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation and warm start
     def evaluate(
         self,
-        split: str = "test",
+        split: Split = "test",
         n: int | None = None,
         *,
         greedy: bool = True,
@@ -523,107 +502,34 @@ class Trainer:
         label: str = "eval",
         record: bool = False,
     ) -> EvalResult:
-        """Accuracy with its 95% interval, pass@k, reward, turns, valid tool-call rate and terminations
-        on the first ``n`` tasks of ``split`` (all when None): one greedy episode per task, or
-        ``samples`` sampled ones with ``greedy=False``. ``record`` appends the result to ``RUN/eval.jsonl``
-        and writes the episodes to ``RUN/eval/LABEL.jsonl``, replacing an earlier evaluation's (for
-        replay, paired comparisons and failure analysis). Usable before/after training."""
-        from flowgrpo.evaluation import evaluate
-
-        tasks = self._probe_env.tasks(split)  # type: ignore[arg-type]
-        tasks = tasks[:n] if n else tasks
+        """:func:`flowgrpo.evaluation.evaluate` of the current policy at this step; ``record`` adds
+        it to the run directory (``RUN/eval.jsonl`` and ``RUN/eval/LABEL.jsonl``)."""
         result, groups = evaluate(
-            self.backend,
-            self.tokenizer,
-            self.cfg.rollout,
-            self.env_factory,
-            tasks,
-            self.reward,
-            samples=samples,
+            self.parts,
+            split,
+            n,
             greedy=greedy,
+            samples=samples,
             label=label,
             step=self.step,
-            split=split,
-            parser=getattr(self._probe_env, "parser", None),
             progress=self.cfg.run.progress,
         )
         if record:
-            from flowgrpo.store import TrajectoryWriter
-
-            episodes = self.out / "eval" / f"{label}.jsonl"
-            episodes.unlink(missing_ok=True)  # the latest evaluation of a label replaces its episodes
-            with TrajectoryWriter(episodes) as w:
-                w.write_groups(groups)
-            with open(self.out / "eval.jsonl", "a") as f:
-                f.write(result.model_dump_json() + "\n")
+            record_evaluation(self.out, result, groups)
         return result
 
-    def demonstrations(self, n_tasks: int, policy: Any = None, *, offset: int = 0) -> list[Trajectory]:
-        """Oracle (or ``policy``) episodes on train tasks ``offset .. offset + n_tasks`` via the rollout
-        engine's text-policy path: normal trajectories with exact token ids, scored by our rewards."""
-        from flowgrpo.rollout import run_text_policy
-
-        tasks = self._probe_env.tasks("train")[offset : offset + n_tasks]
-        groups = run_text_policy(self.env_factory, tasks, policy, self.tokenizer, self.cfg.rollout)
-        self.reward.score_groups(groups)
-        return [t for g in groups for t in g.trajectories]
-
     def warm_start(self) -> list[dict[str, float]]:
-        """``sft`` section: demonstrations -> supervised epochs -> the reference becomes this model."""
-        s = self.cfg.sft
-        demos = self.demonstrations(s.tasks)
-        if s.only_successful:
-            demos = [t for t in demos if t.reward > 0]
-        if not demos:
-            raise RuntimeError(
-                "sft: no successful demonstrations (check the environment's oracle and rewards)"
-            )
-        hist = self.sft(demos, epochs=s.epochs, lr=s.lr, batch_trajectories=s.batch_trajectories)
+        """The ``sft`` section (:func:`flowgrpo.sft.warm_start`); the reference becomes the
+        warm-started policy, so the KL term anchors RL to it rather than to the raw model."""
+        from flowgrpo.sft import warm_start
+
+        hist = warm_start(self.parts)
         if self.ref_model is not None:
             self.ref_model.load_state_dict(self.model.state_dict())
+        self.parts.backend.sync_weights(self.model)
         self.counters["sft_done"] = 1
         for i, h in enumerate(hist):
             self.metrics.log(0, {f"sft/{k}": v for k, v in h.items()} | {"sft/epoch": i})
-        return hist
-
-    def sft(
-        self,
-        trajectories: Sequence[Trajectory],
-        epochs: int = 1,
-        lr: float = 1e-4,
-        *,
-        batch_trajectories: int = 8,
-    ) -> list[dict[str, float]]:
-        """Supervised warm start: cross-entropy on the action tokens of ``trajectories`` (packed rows,
-        the same micro-batching), with its own AdamW so the RL optimizer state is untouched.
-        Returns one ``{"loss", "tokens"}`` per epoch."""
-        rows = build_rows(trajectories, pack=self.cfg.train.pack_rows, require_advantages=False)
-        if not rows:
-            raise ValueError("sft: the trajectories have no action tokens")
-        opt = _adamw(self.model, lr=lr)
-        by_seq: dict[int, list[Row]] = {}
-        for r in rows:
-            by_seq.setdefault(r.seq_index, []).append(r)
-        gen = torch.Generator().manual_seed(self.cfg.train.seed)
-        hist = []
-        self.model.train()
-        for _ in range(epochs):
-            seqs = [list(by_seq)[i] for i in torch.randperm(len(by_seq), generator=gen).tolist()]
-            tot, ntok = 0.0, 0.0
-            for k in range(0, len(seqs), batch_trajectories):
-                batch = [r for s in seqs[k : k + batch_trajectories] for r in by_seq[s]]
-                opt.zero_grad(set_to_none=True)
-                for mb in micro_batches(batch, self.cfg.train.micro_batch_tokens, pad_id=self._pad_id):
-                    lp, _ = self._logprobs(self.model, mb)
-                    loss = sft_loss(lp, mb.loss_mask, mb.token_weights)
-                    loss.backward()
-                    tot += loss.item() * float(sum(r.num_action_tokens for r in batch))
-                if self.cfg.train.grad_clip:
-                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
-                opt.step()
-                ntok += sum(r.num_action_tokens for r in batch)
-            hist.append({"loss": tot / max(ntok, 1.0), "tokens": ntok})
-            log.info("sft epoch: loss %.4f over %d tokens", hist[-1]["loss"], ntok)
         return hist
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from flowgrpo.config import load_config
-from flowgrpo.env import StepResult
+from flowgrpo.env import BaseEnvironment, StepResult
 from flowgrpo.models import tiny_model, tiny_tokenizer
 from flowgrpo.rewards import CompositeReward, RewardSpec
 from flowgrpo.trainer import Trainer
@@ -33,7 +33,7 @@ class EchoParser:
         return ""
 
 
-class TwoTurnToolEnv:
+class TwoTurnToolEnv(BaseEnvironment):
     """Turn 1 goes to an echo tool; turn 2 ends the episode."""
 
     name = "two_turn_tool"
@@ -125,22 +125,19 @@ def test_rl_from_scratch_reaches_the_optimum(tmp_path):
     assert tr.step == STEPS
 
 
-def test_guard_fails_when_the_advantage_sign_flips(tmp_path, monkeypatch):
+def test_guard_fails_when_the_advantage_sign_flips(tmp_path):
     """The guard is sharp: flipping every advantage drives the reward below chance."""
-    import flowgrpo.trainer as trainer_mod
+    tr = guard_trainer(tmp_path)
+    real = tr.parts.estimator
 
-    real = trainer_mod.compute_advantages
-
-    def flipped(groups, estimator, **kw):
-        out = real(groups, estimator, **kw)
-        for g in out:
+    def flipped(groups):
+        real(groups)
+        for g in groups:
             for t in g.trajectories:
                 for turn in t.turns:
                     turn.advantage = -turn.advantage
-        return out
 
-    monkeypatch.setattr(trainer_mod, "compute_advantages", flipped)
-    tr = guard_trainer(tmp_path)
+    tr.parts.estimator = flipped
     rewards_of(tr, 15)
     end = tr.evaluate("train", greedy=False, samples=4)
     assert end.reward_mean < 0.3, end.summary()

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 
 from pydantic import BaseModel
 
-from flowgrpo.backends.base import GenerationResult, SamplingParams
-from flowgrpo.env import StepResult
+from flowgrpo.backends.base import BackendBase, GenerationResult, SamplingParams
+from flowgrpo.env import BaseEnvironment, StepResult
 from flowgrpo.tool import execute_tool_calls
 from flowgrpo.types import Message, ParsedAction, Task, ToolCall
 
@@ -63,7 +63,7 @@ class TinyParser:
         return f'Call tools as <tool_call>{{"name": ..., "arguments": {{...}}}}</tool_call>. Tools: {names}.'
 
 
-class AddEnv:
+class AddEnv(BaseEnvironment):
     """Answer ``a + b``; every non-final step returns the tool results (or a nudge)."""
 
     name = "add"
@@ -99,15 +99,13 @@ CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
 ANSWER = "<answer>5</answer>"
 
 
-class ScriptedBackend:
+class ScriptedBackend(BackendBase):
     """A scripted *policy*: the k-th assistant turn of a conversation says ``script[k]``.
 
     It records every call (prompts, results) so tests can check the exact ids fed and returned.
     ``script`` entries ending in ``"|LEN"`` are returned without the end-of-turn token and with
     ``finish_reason="length"``.
     """
-
-    per_prompt_max_new_tokens = True
 
     def __init__(
         self, tokenizer, script: Sequence[str] | Callable[[int], str], max_batch_size: int = 64
@@ -116,9 +114,6 @@ class ScriptedBackend:
         self.script = script
         self.max_batch_size = max_batch_size
         self.calls: list[tuple[list[list[int]], list[GenerationResult]]] = []
-
-    def sync_weights(self, model) -> None:
-        pass
 
     async def generate(
         self, prompts, params: SamplingParams, *, max_new_tokens=None

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from flowgrpo.config import TrainConfig, load_config
-from flowgrpo.env import StepResult
+from flowgrpo.env import BaseEnvironment, StepResult
 from flowgrpo.models import tiny_model, tiny_tokenizer
 from flowgrpo.rewards import CompositeReward, RewardSpec
 from flowgrpo.rundir import RunDir
+from flowgrpo.sft import demonstrations, supervised_epochs
 from flowgrpo.store import read_trajectories
 from flowgrpo.trainer import Trainer
 from flowgrpo.types import Message, ParsedAction, Task
@@ -29,7 +30,7 @@ class PlainParser:
         return ""
 
 
-class FirstTokenEnv:
+class FirstTokenEnv(BaseEnvironment):
     """Single turn: say anything. The reward (below) pays when the first sampled token is one of
     a fixed quarter of the vocabulary, so it is learnable from the first token's logits alone."""
 
@@ -207,11 +208,11 @@ def test_sft_on_demonstrations_lowers_the_loss(tmp_path):
         async def act(self, messages):
             return "The answer is 19."
 
-    demos = tr.demonstrations(4, policy=Say())
+    demos = demonstrations(tr.parts, 4, policy=Say())
     assert len(demos) == 4 and all(
         t.turns and all(lp == 0.0 for lp in t.turns[0].action_logprobs) for t in demos
     )
-    hist = tr.sft(demos, epochs=4, lr=1e-2)
+    hist = supervised_epochs(tr.parts, demos, epochs=4, lr=1e-2)
     assert hist[-1]["loss"] < hist[0]["loss"] * 0.7
     assert math.isfinite(hist[-1]["loss"])
 

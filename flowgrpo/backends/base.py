@@ -1,14 +1,14 @@
 """The rollout backend protocol: token ids in, token ids + logprobs out.
 
-CONTRACT (other modules rely on these names; extend, do not rename):
 - ``SamplingParams``: temperature, top_p, top_k (0 = off), max_new_tokens, stop_token_ids, seed.
 - ``GenerationResult``: token_ids (sampled, stop token included when it stopped on one),
   logprobs (one per sampled token, under the distribution actually sampled: after temperature and
   top-p/top-k), finish_reason ("stop" | "length").
-- ``RolloutBackend`` protocol: ``async generate(prompts: Sequence[Sequence[int]], params) ->
-  list[GenerationResult]`` (one result per prompt, same order); ``max_batch_size`` (int);
-  ``sync_weights(model) -> None`` (push trainer weights; a no-op for a backend that shares the
-  trainer's model object).
+- :class:`RolloutBackend`: everything the rollout engine, evaluation and the trainer use of a
+  backend. :class:`BackendBase` gives the optional capabilities their defaults, so a new backend
+  writes ``generate`` and states what it can do.
+- The backend choice of a config (``rollout.backend: hf | openai | vllm``) and the settings of the
+  non-default ones (:class:`ServerConfig`, :class:`VLLMConfig`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
+
+BackendName = Literal["hf", "openai", "vllm"]
 
 
 class SamplingParams(BaseModel):
@@ -47,10 +49,68 @@ def prompt_limits(params: SamplingParams, n_prompts: int, max_new_tokens: Sequen
 
 @runtime_checkable
 class RolloutBackend(Protocol):
+    """What callers use of a backend.
+
+    - ``max_batch_size``: the most prompts the engine sends in one ``generate`` call.
+    - ``continuous_batching``: concurrent ``generate`` calls join one running batch, so the engine
+      may send each episode's turn the moment it is ready (else it collects a batch first).
+    - ``generate``: one result per prompt, same order; ``max_new_tokens`` caps prompts one by one
+      (the engine uses it to stay inside each episode's context budget), never above
+      ``params.max_new_tokens``.
+    - ``sync_weights(model)``: the trainer calls it after every update so that the next rollout
+      samples from the new policy (a no-op for a backend that shares the trainer's model object).
+    - ``clear_prefix_cache()``: the episodes of a rollout are over; free what was kept for them.
+    """
+
     max_batch_size: int
+    continuous_batching: bool
 
     async def generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        max_new_tokens: Sequence[int] | None = None,
     ) -> list[GenerationResult]: ...
 
     def sync_weights(self, model: Any) -> None: ...
+
+    def clear_prefix_cache(self) -> None: ...
+
+
+class BackendBase:
+    """Defaults for the optional parts of :class:`RolloutBackend`: batches collected by the engine,
+    no weights to sync, nothing cached between calls."""
+
+    max_batch_size: int = 64
+    continuous_batching: bool = False
+
+    def sync_weights(self, model: Any) -> None:
+        """Nothing to push: this backend samples from the trainer's model object itself."""
+
+    def clear_prefix_cache(self) -> None:
+        """Nothing is kept between calls."""
+
+
+class ServerConfig(BaseModel):
+    """An OpenAI-compatible server for ``rollout.backend: openai`` (``flowgrpo serve``, vLLM's
+    ``vllm serve``); rollouts need token ids and logprobs back, which both return."""
+
+    model_config = ConfigDict(extra="forbid")
+    base_url: str | None = Field(None, description="e.g. http://127.0.0.1:8000/v1")
+    model: str | None = Field(None, description="the name the server knows the policy by (default: model.name)")
+    api_key_env: str | None = Field(None, description="environment variable holding the API key")
+    timeout_s: float = Field(120.0, gt=0)
+    max_retries: int = Field(3, ge=0)
+    max_concurrency: int = Field(32, ge=1)
+
+
+class VLLMConfig(BaseModel):
+    """The in-process vLLM engine of ``rollout.backend: vllm`` (GPU); weights are pushed into it
+    after every update."""
+
+    model_config = ConfigDict(extra="forbid")
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    enforce_eager: bool = False
+    max_model_len: int | None = Field(None, ge=16)

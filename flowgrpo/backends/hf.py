@@ -56,7 +56,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from flowgrpo.backends.base import GenerationResult, SamplingParams, prompt_limits
+from flowgrpo.backends.base import BackendBase, GenerationResult, SamplingParams, prompt_limits
 from flowgrpo.backends.decoding import GrowingCache, decode_view
 from flowgrpo.logprobs import common_prefix_len
 
@@ -205,7 +205,7 @@ def _layers(cache) -> list:
     return list(cache.layers)
 
 
-class HFBackend:
+class HFBackend(BackendBase):
     """A :class:`~flowgrpo.backends.base.RolloutBackend` over a transformers causal LM.
 
     Shares the trainer's model object, so :meth:`sync_weights` is a no-op (cached prefixes are
@@ -224,7 +224,6 @@ class HFBackend:
             common tokens (a system prompt, tool descriptions) prefill that opening once.
     """
 
-    per_prompt_max_new_tokens = True
     continuous_batching = True
     """Concurrent ``generate`` calls share one running batch: the engine may submit each episode's
     turn as soon as it is ready instead of collecting a batch first."""

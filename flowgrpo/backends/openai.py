@@ -20,19 +20,22 @@ requests that a server like vLLM batches continuously on its side.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections.abc import Sequence
 from typing import Any
 
-from flowgrpo.backends.base import GenerationResult, SamplingParams, prompt_limits
+from flowgrpo.backends.base import BackendBase, GenerationResult, SamplingParams, prompt_limits
 from flowgrpo.types import Message
+
+log = logging.getLogger(__name__)
 
 
 class OpenAIBackendError(RuntimeError):
     """A request that failed for good (after retries, or a 4xx); the message has the server's reply."""
 
 
-class OpenAIBackend:
+class OpenAIBackend(BackendBase):
     """A :class:`~flowgrpo.backends.base.RolloutBackend` for an OpenAI-compatible server.
 
     Args:
@@ -44,8 +47,6 @@ class OpenAIBackend:
         max_concurrency: requests in flight at once.
         max_batch_size: what the rollout scheduler may send in one ``generate`` call.
     """
-
-    per_prompt_max_new_tokens = True
 
     def __init__(
         self,
@@ -69,10 +70,19 @@ class OpenAIBackend:
         self.max_concurrency = max_concurrency
         self.max_batch_size = max_batch_size
         self._sem: asyncio.Semaphore | None = None
+        self._warned_stale = False
         self._sem_loop: Any = None
 
     def sync_weights(self, model: Any) -> None:
-        """No-op: a remote server owns its weights (update them through the server's own API)."""
+        """A remote server owns its weights and this client cannot push them: after the first update
+        the rollouts come from an older policy than the one trained. Said once, with the remedy."""
+        if not self._warned_stale:
+            self._warned_stale = True
+            log.warning(
+                "rollout.backend=openai: the server at %s keeps its own weights, so rollouts lag the "
+                "trained policy after the first update; algorithm.tis=token corrects the loss for it",
+                self.base_url,
+            )
 
     # ------------------------------------------------------------------ plumbing
     def _semaphore(self) -> asyncio.Semaphore:

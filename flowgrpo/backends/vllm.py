@@ -25,14 +25,14 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from flowgrpo.backends.base import GenerationResult, SamplingParams, prompt_limits
+from flowgrpo.backends.base import BackendBase, GenerationResult, SamplingParams, prompt_limits
 
 
 class VLLMUnavailableError(ImportError):
     """vLLM is not installed (or cannot run here); the message says how to get it."""
 
 
-def _import_vllm() -> Any:
+def import_vllm() -> Any:
     try:
         import vllm
     except ImportError as e:
@@ -43,7 +43,7 @@ def _import_vllm() -> Any:
     return vllm
 
 
-class VLLMBackend:
+class VLLMBackend(BackendBase):
     """A :class:`~flowgrpo.backends.base.RolloutBackend` over ``vllm.LLM``.
 
     Args:
@@ -53,8 +53,6 @@ class VLLMBackend:
         sampling_params_cls: vLLM's ``SamplingParams`` class (default: imported from vllm).
         engine_kwargs: passed to ``vllm.LLM`` (e.g. ``gpu_memory_utilization=0.5, dtype="bfloat16"``).
     """
-
-    per_prompt_max_new_tokens = True
 
     def __init__(
         self,
@@ -67,7 +65,7 @@ class VLLMBackend:
         self.max_batch_size = max_batch_size
         self.logprobs_mode = "processed_logprobs"
         if isinstance(model_or_engine, str):
-            vllm = _import_vllm()
+            vllm = import_vllm()
             kw = {"enable_prefix_caching": True, **engine_kwargs}
             try:
                 self.llm = vllm.LLM(model=model_or_engine, logprobs_mode="processed_logprobs", **kw)
@@ -78,7 +76,7 @@ class VLLMBackend:
         else:
             self.llm = model_or_engine
             self.logprobs_mode = getattr(model_or_engine, "logprobs_mode", self.logprobs_mode)
-            self._sp = sampling_params_cls or _import_vllm().SamplingParams
+            self._sp = sampling_params_cls or import_vllm().SamplingParams
         self._lock = threading.Lock()
         self.weight_version = 0
 
@@ -165,4 +163,4 @@ def _result(request_output: Any) -> GenerationResult:
     return GenerationResult(token_ids=ids, logprobs=lps, finish_reason=reason)
 
 
-__all__ = ["VLLMBackend", "VLLMUnavailableError"]
+__all__ = ["VLLMBackend", "VLLMUnavailableError", "import_vllm"]

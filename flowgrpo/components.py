@@ -1,0 +1,179 @@
+"""One build step: a :class:`~flowgrpo.config.TrainConfig` becomes the parts a run is made of.
+
+    parts = build(load_config("examples/calculator_agent.yaml"))
+    parts.backend, parts.env_factory, parts.tasks("test"), parts.reward, parts.estimator
+
+The trainer, evaluation (``flowgrpo eval``), replay, the benchmarks and the examples all start from
+:func:`build`, so a config means the same thing everywhere: the same policy, the same backend
+(``rollout.backend: hf | openai | vllm``), the same environment and tasks, the same reward. Any part
+can be passed in ready-made (a model already in memory, a custom environment class, a reward with
+live objects) and the rest is built around it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from flowgrpo.advantages import Estimator, get_estimator
+from flowgrpo.backends.base import RolloutBackend
+from flowgrpo.checkpoint import seed_everything
+from flowgrpo.config import TrainConfig
+from flowgrpo.env import Environment, Split
+from flowgrpo.hardware import resolve_autocast
+from flowgrpo.parsing import ActionParser
+from flowgrpo.types import Task, TrajectoryGroup
+
+
+@runtime_checkable
+class GroupScorer(Protocol):
+    """Fills ``Trajectory.reward`` (and its breakdown) for every episode of every group."""
+
+    def score_groups(self, groups: Sequence[TrajectoryGroup]) -> None: ...
+
+
+@dataclass
+class Components:
+    """What a config builds. ``model`` is the policy the trainer updates; ``backend`` samples
+    episodes from it (``hf`` shares the object, ``vllm`` receives its weights after each update,
+    ``openai`` is a server with its own copy)."""
+
+    config: TrainConfig
+    model: Any
+    tokenizer: Any
+    backend: RolloutBackend
+    env_factory: Callable[[], Environment]
+    reward: GroupScorer
+    estimator: Callable[[Sequence[TrajectoryGroup]], None]
+    autocast: str | None
+    probe_env: Environment
+    """One instance of the environment, for its tasks and its parser (never stepped)."""
+    _tasks: dict[str, list[Task]] = field(default_factory=dict, repr=False)
+
+    @property
+    def parser(self) -> ActionParser:
+        return self.probe_env.parser
+
+    @property
+    def pad_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return int(pad if pad is not None else 0)
+
+    def tasks(self, split: Split) -> list[Task]:
+        """The environment's tasks of ``split`` (generated once)."""
+        if split not in self._tasks:
+            self._tasks[split] = self.probe_env.tasks(split)
+        return self._tasks[split]
+
+
+def build(
+    config: TrainConfig,
+    *,
+    model: Any = None,
+    tokenizer: Any = None,
+    env_factory: Callable[[], Environment] | None = None,
+    reward: GroupScorer | None = None,
+    backend: RolloutBackend | None = None,
+) -> Components:
+    """Build every part ``config`` names; the keyword arguments replace the part of that name.
+
+    Seeds python/numpy/torch from ``train.seed`` first, so a model initialised here (``tiny``) is
+    the same on every run.
+    """
+    cfg = config
+    seed_everything(cfg.train.seed)
+    if model is None:
+        if tokenizer is not None:
+            raise ValueError("pass the model together with its tokenizer")
+        model, tokenizer = load_policy(cfg)
+    elif tokenizer is None:
+        raise ValueError("pass the tokenizer together with the model")
+    if env_factory is None:
+        env_factory = functools.partial(_make_env, cfg.env.name, cfg.env.kwargs)
+    if reward is None:
+        from flowgrpo.rewards import CompositeReward
+
+        reward = CompositeReward(cfg.rewards)
+    device_type = next(model.parameters()).device.type
+    autocast = resolve_autocast(cfg.model.autocast, device_type)
+    if backend is None:
+        backend = make_backend(cfg, model, tokenizer, autocast)
+    return Components(
+        config=cfg,
+        model=model,
+        tokenizer=tokenizer,
+        backend=backend,
+        env_factory=env_factory,
+        reward=reward,
+        estimator=estimator_of(cfg),
+        autocast=autocast,
+        probe_env=env_factory(),
+    )
+
+
+def _make_env(name: str, kwargs: dict[str, Any]) -> Environment:
+    from flowgrpo.env import make
+
+    return make(name, **kwargs)
+
+
+def load_policy(cfg: TrainConfig) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` of ``model.name``: ``tiny`` (a small random model seeded by
+    ``train.seed``), an embedded model, a local HF directory or a GGUF file."""
+    from flowgrpo import models
+
+    if cfg.model.name == "tiny":
+        return models.tiny_model(seed=cfg.train.seed)
+    return models.load_model(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device)
+
+
+def estimator_of(cfg: TrainConfig) -> Callable[[Sequence[TrajectoryGroup]], None]:
+    """``algorithm.estimator`` with its ``estimator_kwargs`` bound: fills ``Turn.advantage``."""
+    fn: Estimator = get_estimator(cfg.algorithm.estimator)
+    return functools.partial(fn, **cfg.algorithm.estimator_kwargs)
+
+
+def make_backend(cfg: TrainConfig, model: Any, tokenizer: Any, autocast: str | None) -> RolloutBackend:
+    """The rollout backend ``rollout.backend`` names, around the policy ``model``."""
+    r = cfg.rollout
+    if r.backend == "hf":
+        from flowgrpo.backends.hf import HFBackend
+
+        return HFBackend(model, tokenizer, autocast_dtype=autocast)
+    if r.backend == "openai":
+        from flowgrpo.backends.openai import OpenAIBackend
+
+        s = r.server
+        assert s.base_url is not None  # RolloutConfig refuses openai without it
+        api_key = None
+        if s.api_key_env:
+            api_key = os.environ.get(s.api_key_env)
+            if not api_key:
+                raise ValueError(f"rollout.server.api_key_env names {s.api_key_env!r}, which is not set")
+        return OpenAIBackend(
+            s.base_url,
+            s.model or cfg.model.name,
+            api_key=api_key,
+            timeout_s=s.timeout_s,
+            max_retries=s.max_retries,
+            max_concurrency=s.max_concurrency,
+        )
+    from flowgrpo.backends.vllm import VLLMBackend, import_vllm
+    from flowgrpo.models import local_model_dir
+
+    import_vllm()  # a machine without vLLM says so before any model conversion
+    v = r.vllm
+    engine: dict[str, Any] = {"gpu_memory_utilization": v.gpu_memory_utilization, "dtype": v.dtype}
+    if v.enforce_eager:
+        engine["enforce_eager"] = True
+    if v.max_model_len is not None:
+        engine["max_model_len"] = v.max_model_len
+    vllm_backend = VLLMBackend(str(local_model_dir(cfg.model.name)), **engine)
+    vllm_backend.sync_weights(model)  # the engine samples from the policy as it is now
+    return vllm_backend
+
+
+__all__ = ["Components", "GroupScorer", "build", "estimator_of", "load_policy", "make_backend"]
