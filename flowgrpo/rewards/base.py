@@ -106,10 +106,10 @@ def make_reward(name: str, **kwargs: Any) -> Any:
 
 
 def _is_group_fn(fn: Any) -> bool:
+    """A :class:`Reward` says so with ``per_group``; a plain function is a group reward when it
+    takes one argument (the group) and a per-trajectory reward when it takes two (traj, task)."""
     if isinstance(fn, Reward):
         return fn.per_group
-    if getattr(fn, "per_group", None) is not None:
-        return bool(fn.per_group)
     try:
         params = [
             p
