@@ -20,7 +20,13 @@ estimator itself.
   task group whose contexts are identical).
 
 Groups may hold different numbers of trajectories (an episode can fail); every estimator works per
-group. A group whose rewards are all equal gets advantage 0 (never NaN), as does a singleton.
+group. A group whose rewards are all equal gets advantage exactly 0 (never NaN, never float residue
+of the mean divided by a tiny std), as does a singleton.
+
+Excluded episodes (``Trajectory.excluded`` set, e.g. ``"termination:error"``) take no part: every
+estimator computes its group statistics over the group's other episodes (:func:`scored`), the
+excluded ones get advantage 0 on every turn, and a group left with fewer than 2 scored episodes
+contributes nothing (all 0).
 """
 
 from __future__ import annotations
@@ -38,21 +44,20 @@ def grpo(rewards: torch.Tensor, *, scale_by_std: bool = True, eps: float = 1e-6)
     """Group-relative advantages ``(R - mean) / (std + eps)`` per row.
 
     rewards: ``(num_groups, G)``. std is unbiased (Bessel's correction, as ``torch.std``); a group of
-    equal rewards, or a group of one (G = 1, std undefined), gets 0. Returns ``(num_groups, G)``.
-    ``scale_by_std=False`` gives Dr.GRPO's ``R - mean``.
+    equal rewards, or a group of one (G = 1, std undefined), gets exactly 0. Returns
+    ``(num_groups, G)``. ``scale_by_std=False`` gives Dr.GRPO's ``R - mean``.
     """
     rewards = torch.as_tensor(rewards, dtype=torch.float32)
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be (num_groups, G), got shape {tuple(rewards.shape)}")
-    centered = rewards - rewards.mean(dim=1, keepdim=True)  # (N, G)
-    if not scale_by_std:
-        return centered
     if rewards.shape[1] < 2:
         return torch.zeros_like(rewards)
-    std = rewards.std(dim=1, keepdim=True, unbiased=True)  # (N, 1)
-    adv = centered / (std + eps)
-    # Equal rewards: centered is exactly 0 already; guard against float residue from the mean anyway.
-    return torch.where(std > 0, adv, torch.zeros_like(adv))
+    r = rewards.double()  # float64 statistics: less residue on nearly equal rewards
+    centered = r - r.mean(dim=1, keepdim=True)  # (N, G)
+    if scale_by_std:
+        std = r.std(dim=1, keepdim=True, unbiased=True)  # (N, 1)
+        centered = centered / (std + eps)
+    return _zero_equal_rows(rewards, centered.to(torch.float32))
 
 
 def rloo(rewards: torch.Tensor) -> torch.Tensor:
@@ -66,8 +71,20 @@ def rloo(rewards: torch.Tensor) -> torch.Tensor:
     g = rewards.shape[1]
     if g < 2:
         return torch.zeros_like(rewards)
-    others = (rewards.sum(dim=1, keepdim=True) - rewards) / (g - 1)
-    return rewards - others
+    r = rewards.double()
+    others = (r.sum(dim=1, keepdim=True) - r) / (g - 1)  # (N, G)
+    return _zero_equal_rows(rewards, (r - others).to(torch.float32))
+
+
+def _zero_equal_rows(rewards: torch.Tensor, adv: torch.Tensor) -> torch.Tensor:
+    """``adv`` with rows whose rewards are all equal set to exactly 0.
+
+    The mean of G equal floats need not equal them (``mean([0.1] * 8) != 0.1`` in float32), and the
+    residue divided by a std of the same tiny size gives advantages of any size; a group of equal
+    rewards carries no signal by definition, so it is decided on the rewards themselves.
+    """
+    equal = rewards.amax(dim=1, keepdim=True) == rewards.amin(dim=1, keepdim=True)  # (N, 1)
+    return torch.where(equal, torch.zeros_like(adv), adv)
 
 
 # --------------------------------------------------------------------------------------------
@@ -80,8 +97,26 @@ class Estimator(Protocol):
     def __call__(self, groups: Sequence[TrajectoryGroup], **kwargs) -> None: ...
 
 
-def _group_rewards(group: TrajectoryGroup) -> torch.Tensor:
-    return torch.tensor([[t.reward for t in group.trajectories]], dtype=torch.float32)  # (1, G)
+def scored(group: TrajectoryGroup) -> list[Trajectory]:
+    """The trajectories of ``group`` that take part in its statistics, after giving every turn of
+    the others advantage 0.
+
+    Excluded trajectories (``Trajectory.excluded`` set) are left out of the baseline; when fewer
+    than 2 remain the group has no baseline and contributes nothing, so every turn gets 0 and the
+    result is empty. Custom estimators call this first to share the rule.
+    """
+    kept = [t for t in group.trajectories if t.excluded is None]
+    if len(kept) < 2:
+        kept = []
+    for t in group.trajectories:
+        if not any(t is k for k in kept):
+            for turn in t.turns:
+                turn.advantage = 0.0
+    return kept
+
+
+def _rewards(trajs: Sequence[Trajectory]) -> torch.Tensor:
+    return torch.tensor([[t.reward for t in trajs]], dtype=torch.float32)  # (1, G)
 
 
 def _broadcast(trajs: Sequence[Trajectory], adv: torch.Tensor) -> None:
@@ -95,8 +130,8 @@ def flow_grpo(groups: Sequence[TrajectoryGroup], *, scale_by_std: bool = True, e
     given to every one of its turns, so a multi-turn credit-assignment problem becomes a set of
     single-turn updates (Li et al. 2025, eq. for ``A^i_t``)."""
     for g in groups:
-        if g.trajectories:
-            _broadcast(g.trajectories, grpo(_group_rewards(g), scale_by_std=scale_by_std, eps=eps)[0])
+        if trajs := scored(g):
+            _broadcast(trajs, grpo(_rewards(trajs), scale_by_std=scale_by_std, eps=eps)[0])
 
 
 def grpo_dr(groups: Sequence[TrajectoryGroup], *, eps: float = 1e-6) -> None:
@@ -111,20 +146,19 @@ def flow_grpo_turn_weighted(
     trajectory's outcome reward, and mean / unbiased std are over the multiset of turns of the
     group (a trajectory of T turns counts T times). Trajectories without turns take no part."""
     for g in groups:
-        trajs = [t for t in g.trajectories if t.turns]
+        trajs = [t for t in scored(g) if t.turns]
         if not trajs:
             continue
         per_turn = torch.tensor(
-            [t.reward for t in trajs for _ in t.turns], dtype=torch.float32
+            [t.reward for t in trajs for _ in t.turns], dtype=torch.float64
         )  # (sum_i T_i,)
-        mean = per_turn.mean()
-        if not scale_by_std:
-            scale = torch.tensor(1.0)
-        elif per_turn.numel() < 2:
-            scale = torch.tensor(float("inf"))  # a single sample: advantage 0
+        if per_turn.numel() < 2 or bool(per_turn.max() == per_turn.min()):
+            scale = float("inf")  # a single sample, or equal rewards: advantage exactly 0
+        elif scale_by_std:
+            scale = float(per_turn.std(unbiased=True)) + eps
         else:
-            std = per_turn.std(unbiased=True)
-            scale = std + eps if std > 0 else torch.tensor(float("inf"))
+            scale = 1.0
+        mean = float(per_turn.mean())
         for t in trajs:
             a = float((t.reward - mean) / scale)
             for turn in t.turns:
@@ -134,8 +168,8 @@ def flow_grpo_turn_weighted(
 def rloo_estimator(groups: Sequence[TrajectoryGroup]) -> None:
     """RLOO's leave-one-out advantage broadcast to every turn (Ahmadian et al. 2024)."""
     for g in groups:
-        if g.trajectories:
-            _broadcast(g.trajectories, rloo(_group_rewards(g))[0])
+        if trajs := scored(g):
+            _broadcast(trajs, rloo(_rewards(trajs))[0])
 
 
 def discounted_returns(rewards: Sequence[float], gamma: float) -> list[float]:
@@ -177,13 +211,14 @@ def gigpo(
     that share an anchor state (``state_key``; by default an identical token context) form a
     step-level group; each turn's discounted return ``G_t`` (over :func:`turn_rewards`) is normalised
     within its anchor group to give ``A^S``. An anchor group of one, or of equal returns, gives
-    ``A^S = 0``, so GiGPO reduces to episode-level GRPO when no states repeat.
+    ``A^S = 0``, so GiGPO reduces to episode-level GRPO when no states repeat. Excluded
+    trajectories join neither the episode group nor any anchor group.
     """
     for g in groups:
-        trajs = g.trajectories
+        trajs = scored(g)
         if not trajs:
             continue
-        episode = grpo(_group_rewards(g), scale_by_std=scale_by_std, eps=eps)[0].tolist()
+        episode = grpo(_rewards(trajs), scale_by_std=scale_by_std, eps=eps)[0].tolist()
         returns = [discounted_returns(turn_rewards(t), gamma) for t in trajs]
         anchors: dict[Hashable, list[tuple[int, int]]] = {}
         for i, t in enumerate(trajs):
@@ -237,16 +272,23 @@ def compute_advantages(
     """Fill ``Turn.advantage`` for every turn of every trajectory (in place) and return ``groups``.
 
     ``estimator`` is a name from :data:`ESTIMATORS` or a function with the :class:`Estimator`
-    signature; ``kw`` go to it (e.g. ``scale_by_std``, ``gamma``).
+    signature; ``kw`` go to it (e.g. ``scale_by_std``, ``gamma``). Excluded trajectories end with
+    advantage 0 whatever the estimator did.
     """
     get_estimator(estimator)(groups, **kw)
+    for g in groups:
+        for t in g.trajectories:
+            if t.excluded is not None:
+                for turn in t.turns:
+                    turn.advantage = 0.0
     return groups
 
 
 def is_zero_variance(group: TrajectoryGroup, tol: float = 0.0) -> bool:
-    """True when every trajectory of the group has the same outcome reward (no learning signal
-    under group-relative estimators; DAPO's dynamic sampling drops such groups)."""
-    r = group.rewards
+    """True when every scored (non-excluded) trajectory of the group has the same outcome reward
+    (no learning signal under group-relative estimators; DAPO's dynamic sampling drops such
+    groups). A group with no scored trajectory counts as zero-variance."""
+    r = [t.reward for t in group.trajectories if t.excluded is None]
     return len(r) == 0 or (max(r) - min(r)) <= tol
 
 
@@ -266,5 +308,6 @@ __all__ = [
     "register_estimator",
     "rloo",
     "rloo_estimator",
+    "scored",
     "turn_rewards",
 ]

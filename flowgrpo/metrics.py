@@ -50,7 +50,9 @@ def valid_tool_call_rate(trajs: Sequence[Trajectory], parser: Any = None) -> flo
 
 
 def rollout_stats(groups: Sequence[TrajectoryGroup], parser: Any = None) -> dict[str, float]:
-    """Reward, accuracy, turns, tokens, termination counts and reward parts over all trajectories."""
+    """Reward, accuracy, turns, tokens, termination counts and reward parts over all trajectories;
+    ``episodes_excluded`` counts episodes left out of training (``Trajectory.excluded``) and
+    ``excluded/<source>`` splits them by the part of the reason before ``:``."""
     trajs = [t for g in groups for t in g.trajectories]
     n = max(len(trajs), 1)
     out: dict[str, float] = {
@@ -61,9 +63,13 @@ def rollout_stats(groups: Sequence[TrajectoryGroup], parser: Any = None) -> dict
         "turns_mean": sum(len(t.turns) for t in trajs) / n,
         "action_tokens": float(sum(t.num_action_tokens for t in trajs)),
         "tokens": float(sum(t.num_tokens for t in trajs)),
-        "zero_variance_groups": float(sum(1 for g in groups if g.trajectories and len(set(g.rewards)) == 1)),
+        "zero_variance_groups": float(sum(1 for g in groups if g.trajectories and _zero_variance(g))),
+        "episodes_excluded": float(sum(t.excluded is not None for t in trajs)),
     }
     rate = valid_tool_call_rate(trajs, parser)
+    # Per source of exclusion: "termination:error" counts under excluded/termination.
+    for k, v in Counter(t.excluded.split(":", 1)[0] for t in trajs if t.excluded is not None).items():
+        out[f"excluded/{k}"] = float(v)
     if rate is not None:
         out["valid_tool_call_rate"] = rate
     for k, v in Counter(t.termination.value for t in trajs).items():
@@ -75,6 +81,11 @@ def rollout_stats(groups: Sequence[TrajectoryGroup], parser: Any = None) -> dict
 
 
 def _std(xs: list[float]) -> float:
+def _zero_variance(group: TrajectoryGroup) -> bool:
+    """Equal rewards among the scored (non-excluded) episodes: no group-relative signal."""
+    return len({t.reward for t in group.trajectories if t.excluded is None}) <= 1
+
+
     if len(xs) < 2:
         return 0.0
     m = sum(xs) / len(xs)

@@ -264,7 +264,7 @@ class Trainer:
             train_groups += [g for g in extra if not self._drop(g)]
             rounds += 1
         t_rollout = time.monotonic() - t0
-        trajs = [t for g in train_groups for t in g.trajectories if t.turns]
+        trajs = [t for g in train_groups for t in g.trajectories if t.turns and t.excluded is None]
         t1 = time.monotonic()
         upd = self.update(trajs)
         if upd["optimizer_steps"]:
@@ -331,6 +331,7 @@ class Trainer:
             n_mb = min(cfg.train.minibatches_per_batch, len(perm))
             for k in range(n_mb):
                 part = perm[k * len(perm) // n_mb : (k + 1) * len(perm) // n_mb]
+        trajs = [t for t in trajs if t.excluded is None]  # excluded episodes never reach the loss
                 mb_rows = [r for s in part for r in by_seq[s]]
                 m = self._optimizer_step(mb_rows, ref, old)
                 steps += 1

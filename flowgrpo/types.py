@@ -116,7 +116,12 @@ class Turn(_Model):
 
 
 class Trajectory(_Model):
-    """One episode of one task. ``reward`` is the outcome reward; ``reward_breakdown`` its parts."""
+    """One episode of one task. ``reward`` is the outcome reward; ``reward_breakdown`` its parts.
+
+    ``excluded`` (a reason, ``"<source>:<detail>"``) takes the episode out of training: advantage
+    estimators compute group statistics over the non-excluded episodes only and give excluded ones
+    advantage 0, and the trainer leaves them out of the update (docs/algorithms.md, "Excluded
+    episodes")."""
 
     schema_version: int = SCHEMA_VERSION
     id: str = Field(default_factory=lambda: new_id("traj_"))
@@ -129,6 +134,12 @@ class Trajectory(_Model):
     termination: Termination = Termination.finished
     policy_version: int = 0
     metadata: dict[str, Any] = Field(default_factory=dict)
+    excluded: str | None = Field(
+        None,
+        description="why this episode is left out of the update and out of its group's baseline "
+        "(e.g. 'termination:error', 'reward:verifier unreachable'); None: it takes part. Excluded "
+        "episodes get advantage 0 and are kept in the store for inspection",
+    )
 
     def context_ids(self, turn_index: int) -> list[int]:
         """The full token context the policy saw before sampling turn ``turn_index``."""

@@ -175,3 +175,115 @@ def test_registry_and_helpful_errors():
 def test_is_zero_variance():
     assert is_zero_variance(group(traj(1.0, []), traj(1.0, [])))
     assert not is_zero_variance(group(traj(1.0, []), traj(0.0, [])))
+
+
+# ------------------------------------------------------------------ equal rewards are exactly 0
+
+
+@pytest.mark.parametrize("value,n", [(0.1, 8), (1 / 3, 5), (0.7, 3), (1e-7, 6)])
+def test_equal_rewards_give_exactly_zero_not_float_residue(value, n):
+    r = torch.tensor([[value] * n])
+    assert torch.equal(grpo(r), torch.zeros(1, n))
+    assert torch.equal(grpo(r, scale_by_std=False), torch.zeros(1, n))
+    assert torch.equal(rloo(r), torch.zeros(1, n))
+    for name in ESTIMATORS:
+        # distinct contexts: no anchor state repeats, so GiGPO's step groups are singletons
+        g = group(*[traj(value, [turn([1, i + 2], [9]), turn([3], [4])]) for i in range(n)])
+        compute_advantages([g], name)
+        assert all(a == 0.0 for row in advs(g) for a in row), (name, advs(g))
+
+
+def test_gigpo_equal_step_returns_give_exactly_zero():
+    # every trajectory shares both contexts: one anchor group per turn, all returns equal 0.1 * gamma^k
+    g = group(*[traj(0.1, [turn([1], [2]), turn([3], [4])]) for _ in range(8)])
+    compute_advantages([g], "gigpo", gamma=0.9)
+    assert advs(g) == [[0.0, 0.0]] * 8
+
+
+# ------------------------------------------------------------------ excluded episodes
+
+
+def excluded(reward, turns, why="termination:error"):
+    t = traj(reward, turns)
+    t.excluded = why
+    return t
+
+
+def flat(g):
+    return [a for row in advs(g) for a in row]
+
+
+def test_excluded_leave_the_baseline_and_get_zero():
+    # scored rewards {1, 0, 0}: mean 1/3, unbiased std sqrt(1/3); the excluded 5.0 takes no part
+    g = group(
+        traj(1.0, [turn([1], [2])]),
+        traj(0.0, [turn([1], [3])]),
+        excluded(5.0, [turn([1], [4]), turn([5], [6])]),
+        traj(0.0, [turn([1], [7])]),
+    )
+    compute_advantages([g], "flow_grpo")
+    hi, lo = (2 / 3) / S3, (-1 / 3) / S3
+    assert advs(g)[0] == pytest.approx([hi], rel=1e-5)
+    assert advs(g)[1] == pytest.approx([lo], rel=1e-5)
+    assert advs(g)[2] == [0.0, 0.0]
+    assert advs(g)[3] == pytest.approx([lo], rel=1e-5)
+    compute_advantages([g], "grpo_dr")
+    assert flat(g) == pytest.approx([2 / 3, -1 / 3, 0.0, 0.0, -1 / 3])
+    compute_advantages([g], "rloo")  # leave-one-out over {1, 0, 0}
+    assert flat(g) == pytest.approx([1.0, -0.5, 0.0, 0.0, -0.5])
+
+
+def test_excluded_in_turn_weighted_and_gigpo():
+    g = group(
+        traj(1.0, [turn([1], [2]), turn([3], [4])]),
+        traj(0.0, [turn([1], [5])]),
+        excluded(1.0, [turn([1], [2]), turn([3], [4])]),  # same contexts as the first: no anchor mate
+    )
+    compute_advantages([g], "flow_grpo_turn_weighted")
+    # per-turn samples {1, 1, 0} as without the excluded one
+    assert advs(g)[0] == pytest.approx([(1 / 3) / S3] * 2, rel=1e-5)
+    assert advs(g)[1] == pytest.approx([(-2 / 3) / S3], rel=1e-5)
+    assert advs(g)[2] == [0.0, 0.0]
+    compute_advantages([g], "gigpo", gamma=1.0, scale_by_std=False)
+    # episode {1, 0}: +-0.5; turn-0 anchor {1, 0} (returns 1 and 0): +-0.5; turn 1 of the first is alone
+    assert advs(g) == [[1.0, 0.5], [-1.0], [0.0, 0.0]]
+
+
+def test_group_with_fewer_than_two_scored_contributes_nothing():
+    for name in ESTIMATORS:
+        g = group(traj(1.0, [turn([1], [2])]), excluded(0.0, [turn([1], [3])]), excluded(0.5, []))
+        compute_advantages([g], name)
+        assert advs(g) == [[0.0], [0.0], []], name
+
+
+def test_excluded_zero_even_for_custom_estimators():
+    def const(groups):
+        for g in groups:
+            for t in g.trajectories:
+                for u in t.turns:
+                    u.advantage = 7.0
+
+    g = group(traj(1.0, [turn([1], [2])]), excluded(0.0, [turn([1], [3])], why="reward:judge down"))
+    compute_advantages([g], const)
+    assert advs(g) == [[7.0], [0.0]]
+
+
+def test_is_zero_variance_ignores_excluded():
+    assert is_zero_variance(group(traj(1.0, []), traj(1.0, []), excluded(0.0, [])))
+    assert not is_zero_variance(group(traj(1.0, []), traj(0.0, []), excluded(0.0, [])))
+    assert is_zero_variance(group(excluded(1.0, []), excluded(0.0, [])))
+
+
+def test_rollout_stats_count_excluded():
+    from flowgrpo.metrics import rollout_stats
+
+    g = group(
+        traj(1.0, [turn([1], [2])]),
+        traj(1.0, [turn([1], [3])]),
+        excluded(0.0, [turn([1], [4])]),
+        excluded(0.0, [turn([1], [5])], why="reward:verifier unreachable"),
+    )
+    s = rollout_stats([g])
+    assert s["episodes_excluded"] == 2.0
+    assert s["excluded/termination"] == 1.0 and s["excluded/reward"] == 1.0
+    assert s["zero_variance_groups"] == 1.0  # the scored rewards {1, 1} are equal

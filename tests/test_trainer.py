@@ -248,3 +248,23 @@ def test_dynamic_sampling_refills_groups_dropped_for_equal_rewards(tmp_path):
 def test_resampling_without_dropping_is_a_config_error():
     with pytest.raises(Exception, match="drop_zero_variance_groups"):
         load_config(None, ["train.resample_rounds=2", "train.drop_zero_variance_groups=false"])
+
+
+def test_update_leaves_excluded_trajectories_out(tmp_path):
+    from flowgrpo.advantages import compute_advantages
+
+    tr = make_trainer(tmp_path, "train.steps=1", "run.save_every=0")
+    groups = tr.engine.run_groups(tr.env_factory, tr.stream.next(1), 4)
+    tr.reward.score_groups(groups)
+    compute_advantages(groups, "grpo_dr")
+    trajs = groups[0].trajectories
+    for t in trajs:
+        t.turns[0].advantage = 1.0
+        t.excluded = "termination:error"
+    before = params(tr.model)
+    assert tr.update(trajs) == {"optimizer_steps": 0.0}  # nothing left to train on
+    assert all(torch.equal(v, before[k]) for k, v in params(tr.model).items())
+    trajs[0].excluded = None
+    m = tr.update(trajs)
+    assert m["optimizer_steps"] == 1.0
+    assert m["train_tokens"] == float(trajs[0].num_action_tokens)  # only the scored episode's tokens
