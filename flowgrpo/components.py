@@ -24,6 +24,7 @@ from flowgrpo.checkpoint import seed_everything
 from flowgrpo.config import TrainConfig
 from flowgrpo.env import Environment, Split
 from flowgrpo.hardware import resolve_autocast
+from flowgrpo.lora import apply_lora, is_lora
 from flowgrpo.parsing import ActionParser
 from flowgrpo.types import Task, TrajectoryGroup
 
@@ -91,6 +92,8 @@ def build(
         model, tokenizer = load_policy(cfg)
     elif tokenizer is None:
         raise ValueError("pass the tokenizer together with the model")
+    if cfg.model.lora is not None and not is_lora(model):
+        model = apply_lora(model, cfg.model.lora)  # base frozen, adapters trainable
     if env_factory is None:
         env_factory = functools.partial(_make_env, cfg.env.name, cfg.env.kwargs)
     if reward is None:

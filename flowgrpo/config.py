@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from flowgrpo.lora import LoraSpec
 from flowgrpo.rewards import RewardSpec
 from flowgrpo.rollout import RolloutConfig
 
@@ -41,6 +42,9 @@ class ModelConfig(_Section):
         "on CUDA or a CPU with native bf16 (AVX512-BF16/AMX), else off (emulated bf16 is slower than fp32)",
     )
     device: str | None = None
+    lora: LoraSpec | None = Field(
+        None, description="LoRA adapters through peft (r, alpha, target_modules, dropout); null = full fine-tuning"
+    )
 
 
 class EnvConfig(_Section):

@@ -55,6 +55,7 @@ from flowgrpo.config import TrainConfig, dump_config
 from flowgrpo.env import Environment, Split
 from flowgrpo.evaluation import EvalResult, evaluate, record_evaluation
 from flowgrpo.logprobs import action_logprobs
+from flowgrpo.lora import is_lora, reference_mode
 from flowgrpo.loss import policy_loss, truncated_is_weights
 from flowgrpo.metrics import MetricsLogger, rollout_stats
 from flowgrpo.optim import adamw
@@ -120,7 +121,11 @@ def lr_lambda(schedule: str, total: int, warmup: int, min_ratio: float) -> Calla
 
 
 def frozen_reference(model: torch.nn.Module) -> torch.nn.Module:
-    """A frozen copy of ``model``: eval mode, no gradients (the KL anchor)."""
+    """A frozen copy of ``model``: eval mode, no gradients (the KL anchor). A LoRA policy is its own
+    reference: :func:`flowgrpo.lora.reference_mode` switches its adapters off, so no copy is made
+    (and the anchor stays the base model, also after a warm start)."""
+    if is_lora(model):
+        return model
     ref = copy.deepcopy(model)
     ref.eval()
     for p in ref.parameters():
@@ -317,7 +322,10 @@ class Trainer:
         if not trajs:
             return {"optimizer_steps": 0.0}
         rows = build_rows(trajs, pack=cfg.train.pack_rows)
-        ref = self._precompute(self.ref_model, rows) if self.ref_model is not None else None
+        ref = None
+        if self.ref_model is not None:
+            with reference_mode(self.ref_model) as ref_model:
+                ref = self._precompute(ref_model, rows)
         old = self._precompute(self.model, rows) if cfg.algorithm.tis != "off" else None
         by_seq: dict[int, list[Row]] = {}
         for r in rows:
@@ -525,7 +533,7 @@ class Trainer:
         from flowgrpo.sft import warm_start
 
         hist = warm_start(self.parts)
-        if self.ref_model is not None:
+        if self.ref_model is not None and self.ref_model is not self.model:
             self.ref_model.load_state_dict(self.model.state_dict())
         self.parts.backend.sync_weights(self.model)
         self.counters["sft_done"] = 1
