@@ -80,12 +80,12 @@ def rollout_stats(groups: Sequence[TrajectoryGroup], parser: Any = None) -> dict
     return out
 
 
-def _std(xs: list[float]) -> float:
 def _zero_variance(group: TrajectoryGroup) -> bool:
     """Equal rewards among the scored (non-excluded) episodes: no group-relative signal."""
     return len({t.reward for t in group.trajectories if t.excluded is None}) <= 1
 
 
+def _std(xs: list[float]) -> float:
     if len(xs) < 2:
         return 0.0
     m = sum(xs) / len(xs)
