@@ -319,6 +319,7 @@ class Trainer:
         """Policy updates on one rollout batch: ``epochs_per_batch`` passes, each split into
         ``minibatches_per_batch`` optimizer steps over whole trajectories."""
         cfg = self.cfg
+        trajs = [t for t in trajs if t.excluded is None]  # excluded episodes never reach the loss
         if not trajs:
             return {"optimizer_steps": 0.0}
         rows = build_rows(trajs, pack=cfg.train.pack_rows)
@@ -339,7 +340,6 @@ class Trainer:
             n_mb = min(cfg.train.minibatches_per_batch, len(perm))
             for k in range(n_mb):
                 part = perm[k * len(perm) // n_mb : (k + 1) * len(perm) // n_mb]
-        trajs = [t for t in trajs if t.excluded is None]  # excluded episodes never reach the loss
                 mb_rows = [r for s in part for r in by_seq[s]]
                 m = self._optimizer_step(mb_rows, ref, old)
                 steps += 1
