@@ -163,7 +163,7 @@ def evaluate(
     # its keys/values between turns. One wave of 500 episodes would queue later turns behind first
     # turns until the prefix cache had evicted them, re-prefilling every context (measured: 64
     # episodes 51 s, 200 episodes > 4 min on 2 CPU cores).
-    engine = RolloutEngine(backend, parts.tokenizer, cfg)
+    engine = RolloutEngine(backend, parts.tokenizer, cfg, agent=parts.agent)
     per_wave = max(1, (cfg.max_batch_size or backend.max_batch_size) // samples)
     groups: list[TrajectoryGroup] = []
     try:
@@ -191,15 +191,14 @@ def record_evaluation(run_dir: str | os.PathLike, result: EvalResult, groups: Se
     """Append ``result`` to ``RUN/eval.jsonl`` and write its episodes to ``RUN/eval/LABEL.jsonl``,
     replacing an earlier evaluation's of the same label (for replay, paired comparisons and failure
     analysis)."""
-    from flowgrpo.store import TrajectoryWriter
+    from flowgrpo.store import TrajectoryWriter, append_line
 
     run = Path(run_dir)
     episodes = run / "eval" / f"{result.label}.jsonl"
     episodes.unlink(missing_ok=True)
     with TrajectoryWriter(episodes) as w:
         w.write_groups(groups)
-    with open(run / "eval.jsonl", "a") as f:
-        f.write(result.model_dump_json() + "\n")
+    append_line(run / "eval.jsonl", result.model_dump_json())
 
 
 def compare(a: EvalResult, b: EvalResult, *, n: int | None = None) -> PairedComparison:

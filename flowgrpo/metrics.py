@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from flowgrpo.store import append_line
 from flowgrpo.types import Trajectory, TrajectoryGroup
 
 
@@ -111,8 +112,7 @@ class MetricsLogger:
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         rec = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+        append_line(self.path, json.dumps(rec))
         if self._tb is not None:
             for k, v in metrics.items():
                 if isinstance(v, int | float) and math.isfinite(v):

@@ -30,6 +30,8 @@ from typing import Any, Protocol, runtime_checkable
 from flowgrpo.tool import Tool, to_openai_schema
 from flowgrpo.types import Message, ParsedAction, ToolCall, new_id
 
+_CALL_SHAPE = 'write one flat JSON object like {"name": "tool_name", "arguments": {...}}'
+
 
 class ParseError(Exception):
     """Raised by a parser only for input that is not text; malformed text goes to ``errors``."""
@@ -50,13 +52,41 @@ def _tag_re(tag: str) -> tuple[re.Pattern[str], re.Pattern[str]]:
     return re.compile(rf"<\s*{t}\s*>"), re.compile(rf"<\s*/\s*{t}\s*>")
 
 
+def _tag_spans(
+    text: str, open_re: re.Pattern[str], close_re: re.Pattern[str]
+) -> list[tuple[int, int, int, int]]:
+    """``(open_start, open_end, close_start, close_end)`` of each complete ``<tag>...</tag>``, left
+    to right, non-overlapping (the nearest closing tag after each opening one): the matches of
+    ``<tag>(.*?)</tag>``, found in one pass over each tag's positions (linear in ``len(text)``,
+    where the lazy regex rescans the rest of the text from every unclosed opening tag)."""
+    opens = [(m.start(), m.end()) for m in open_re.finditer(text)]
+    closes = [(m.start(), m.end()) for m in close_re.finditer(text)]
+    spans = []
+    j = 0
+    pos = 0
+    for o_start, o_end in opens:
+        if o_start < pos:
+            continue
+        while j < len(closes) and closes[j][0] < o_end:
+            j += 1
+        if j == len(closes):
+            break
+        spans.append((o_start, o_end, *closes[j]))
+        pos = closes[j][1]
+    return spans
+
+
 def extract_answer(text: str, tag: str = "answer") -> str | None:
-    """Content of the last complete ``<tag>...</tag>`` in ``text``, stripped; ``None`` if none."""
+    """Content of the last complete ``<tag>...</tag>`` in ``text``, stripped; ``None`` if none.
+
+    Linear in the length of the text, whatever the number of tags."""
     if not isinstance(text, str):
         return None
-    t = re.escape(tag)
-    matches = re.findall(rf"<\s*{t}\s*>(.*?)<\s*/\s*{t}\s*>", text, flags=re.DOTALL)
-    return matches[-1].strip() if matches else None
+    spans = _tag_spans(text, *_tag_re(tag))
+    if not spans:
+        return None
+    _, start, end, _ = spans[-1]
+    return text[start:end].strip()
 
 
 def _example_value(prop: dict[str, Any]) -> Any:
@@ -98,9 +128,14 @@ class HermesParser:
     stopped at the closing tag), strict where it matters (the JSON itself).
     """
 
-    def __init__(self, answer_tag: str = "answer", call_tag: str = "tool_call") -> None:
+    def __init__(
+        self, answer_tag: str = "answer", call_tag: str = "tool_call", *, max_calls: int = 32
+    ) -> None:
         if not re.fullmatch(r"\w+", answer_tag) or not re.fullmatch(r"\w+", call_tag):
             raise ValueError("answer_tag and call_tag must be words, e.g. 'answer' and 'tool_call'")
+        if max_calls < 1:
+            raise ValueError(f"max_calls must be at least 1, got {max_calls}")
+        self.max_calls = max_calls
         self.answer_tag = answer_tag
         self.call_tag = call_tag
         self._open, self._close = _tag_re(call_tag)
@@ -150,6 +185,9 @@ class HermesParser:
             return None
         try:
             obj, end = json.JSONDecoder(strict=False).raw_decode(stripped)
+        except RecursionError:
+            errors.append(f"{where}: the JSON is nested too deeply to read; {_CALL_SHAPE}")
+            return None
         except json.JSONDecodeError as e:
             errors.append(
                 f"{where}: invalid JSON at line {e.lineno} column {e.colno} (char {e.pos}): {e.msg} "
@@ -176,6 +214,9 @@ class HermesParser:
         if isinstance(args, str):  # OpenAI-style: arguments as a JSON string
             try:
                 args = json.loads(args, strict=False) if args.strip() else {}
+            except RecursionError:
+                errors.append(f'{where}: "arguments" is nested too deeply to read; {_CALL_SHAPE}')
+                return None
             except json.JSONDecodeError as e:
                 errors.append(
                     f'{where}: "arguments" is a string that is not valid JSON ({e.msg} at char {e.pos})'
@@ -186,6 +227,16 @@ class HermesParser:
         if not isinstance(args, dict):
             errors.append(f'{where}: "arguments" must be a JSON object, got {type(args).__name__}')
             return None
+        try:
+            (name, args), scrubbed = _scrub_surrogates([name, args])
+        except (RecursionError, ValueError):
+            errors.append(f"{where}: the arguments are nested too deeply to use; {_CALL_SHAPE}")
+            return None
+        if scrubbed:
+            errors.append(
+                f"{where}: the call contains a lone UTF-16 surrogate escape (like \\ud800), which is not "
+                "text; it was replaced by U+FFFD"
+            )
         extra = set(obj) - {"name", "arguments", "parameters", "id"}
         if extra:
             errors.append(f'{where}: unexpected keys {sorted(extra)}; only "name" and "arguments" are read')
@@ -193,41 +244,60 @@ class HermesParser:
         return ToolCall(id=call_id, name=name.strip(), arguments=args)
 
     def parse(self, text: str) -> ParsedAction:
-        """Parse one sampled action; never raises for any ``str`` (errors go to ``errors``)."""
+        """Parse one sampled action; never raises for any ``str`` (errors go to ``errors``).
+
+        Linear in the length of the text: tag positions are found once and walked with pointers.
+        More than ``max_calls`` tool-call tags give one error and no calls, not one error per tag.
+        """
         if not isinstance(text, str):
             raise ParseError(f"expected the action as text (str), got {type(text).__name__}")
         calls: list[ToolCall] = []
         errors: list[str] = []
-        pos = 0
-        index = 0
-        while True:
-            m = self._open.search(text, pos)
-            if m is None:
-                break
-            index += 1
-            close = self._close.search(text, m.end())
-            nxt = self._open.search(text, m.end())
-            if close is not None and (nxt is None or close.start() < nxt.start()):
-                body, pos = text[m.end() : close.start()], close.end()
-            else:
-                # unclosed: accept it if the call is the last thing in the text (generation stopped at
-                # the closing tag), otherwise it swallowed the next call.
-                end = nxt.start() if nxt is not None else len(text)
-                body, pos = text[m.end() : end], end
-                if nxt is not None:
-                    errors.append(f"tool call {index} is missing its closing </{self.call_tag}>")
-                    continue
-            call = self._parse_call(body, index, errors)
-            if call is not None:
-                calls.append(call)
-        stray = len(self._close.findall(text)) - len(self._open.findall(text))
-        if stray > 0:
+        opens = [(m.start(), m.end()) for m in self._open.finditer(text)]
+        closes = [(m.start(), m.end()) for m in self._close.finditer(text)]
+        if len(opens) > self.max_calls:
+            errors.append(
+                f"{len(opens)} <{self.call_tag}> tags in one action; at most {self.max_calls} calls are "
+                "read per action, so none was run. Write one call per tag."
+            )
+        else:
+            j = 0  # the first closing tag not yet passed
+            for index, (_, o_end) in enumerate(opens, start=1):
+                while j < len(closes) and closes[j][0] < o_end:
+                    j += 1
+                nxt = opens[index][0] if index < len(opens) else None
+                if j < len(closes) and (nxt is None or closes[j][0] < nxt):
+                    body = text[o_end : closes[j][0]]
+                else:
+                    # unclosed: accept it if the call is the last thing in the text (generation
+                    # stopped at the closing tag), otherwise it swallowed the next call.
+                    if nxt is not None:
+                        errors.append(f"tool call {index} is missing its closing </{self.call_tag}>")
+                        continue
+                    body = text[o_end:]
+                call = self._parse_call(body, index, errors)
+                if call is not None:
+                    calls.append(call)
+        if len(closes) > len(opens):
             errors.append(f"found </{self.call_tag}> without a matching <{self.call_tag}>")
         answer = extract_answer(text, self.answer_tag)
         if answer is None and self._aopen.search(text):
             errors.append(f"<{self.answer_tag}> is not closed: write {self.format_answer('...')}")
         message = Message(role="assistant", content=text, tool_calls=calls)
         return ParsedAction(message=message, answer=answer, errors=errors)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _scrub_surrogates(obj: Any) -> tuple[Any, bool]:
+    """``obj`` with every lone UTF-16 surrogate (JSON's ``"\\ud800"`` escape decodes to one) replaced
+    by U+FFFD, and whether any was. A lone surrogate cannot be encoded as UTF-8: left in a call's
+    arguments it would reach tools, tokenizers and the trajectory store as unencodable text."""
+    dumped = json.dumps(obj, ensure_ascii=False)
+    if not _SURROGATE.search(dumped):
+        return obj, False
+    return json.loads(_SURROGATE.sub("\ufffd", dumped)), True
 
 
 __all__ = ["ActionParser", "HermesParser", "ParseError", "extract_answer"]

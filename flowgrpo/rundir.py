@@ -14,9 +14,9 @@ The config comes back as a validated :class:`~flowgrpo.config.TrainConfig`, metr
 :class:`MetricRecord`, evaluations as :class:`~flowgrpo.evaluation.EvalResult`, episodes as
 :class:`~flowgrpo.types.Trajectory`, checkpoints as :class:`CheckpointRef`.
 
-The JSONL files are append-only, so a process killed mid-write can tear only the last line: that
-line is skipped with a warning. An unreadable line anywhere else means the file was edited or
-corrupted, and is a :class:`RunError` naming the file and the line.
+The JSONL files are append-only; a process killed mid-write tears the line it was writing, and a
+later writer starts on a fresh line after it. A torn or garbage line, wherever it is, is skipped
+with a warning naming the file and the line: it loses only itself.
 """
 
 from __future__ import annotations
@@ -236,26 +236,24 @@ class RunDir:
     # ------------------------------------------------------------------ reading
 
     def _read(self, path: Path, parse: Callable[[dict[str, Any]], T]) -> list[T]:
-        """``parse`` of every record of a JSONL file (``[]`` when it does not exist). A last record
-        that does not validate is skipped with a warning (a torn write); any other is an error."""
+        """``parse`` of every record of a JSONL file (``[]`` when it does not exist). A record that
+        is torn, not an object or does not validate is skipped with a warning naming file and line."""
         if not path.is_file():
             return []
         out: list[T] = []
-        try:
-            for line in iter_jsonl(path):
-                if not isinstance(line.data, dict):
-                    raise RunError(
-                        f"{path}:{line.number}: expected a JSON object per line, got {type(line.data).__name__}"
-                    )
-                try:
-                    out.append(parse(line.data))
-                except ValidationError as e:
-                    if line.last:
-                        log.warning("%s:%d: skipping an invalid last record: %s", path, line.number, e)
-                        continue
-                    raise RunError(f"{path}:{line.number}: not a valid record: {e}") from None
-        except StoreError as e:
-            raise RunError(str(e)) from e
+        for line in iter_jsonl(path):
+            if not isinstance(line.data, dict):
+                log.warning(
+                    "%s:%d: skipping a record that is not a JSON object (%s)",
+                    path,
+                    line.number,
+                    type(line.data).__name__,
+                )
+                continue
+            try:
+                out.append(parse(line.data))
+            except ValidationError as e:
+                log.warning("%s:%d: skipping an invalid record: %s", path, line.number, e)
         return out
 
     def _read_trajectories(self, path: Path) -> list[Trajectory]:

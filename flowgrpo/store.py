@@ -1,10 +1,10 @@
 """Append-only JSONL trajectory storage: one trajectory per line.
 
 Crash safety: each record is written as one ``write`` of a complete line and flushed (``fsync``
-optional), so a process killed mid-write can only tear the *last* line. The reader reports and
-skips a torn last line; a writer reopening such a file first terminates the torn fragment so the
-next record starts on a line of its own. A record with an unknown ``schema_version`` is a clear
-error, never a silent misread.
+optional), so a process killed mid-write tears at most the line it was writing. A writer reopening
+such a file first terminates the torn fragment so the next record starts on a line of its own, and
+the reader skips a torn or garbage line wherever it is, with a warning naming file and line. A
+record with an unknown ``schema_version`` is a clear error, never a silent misread.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from flowgrpo.types import SCHEMA_VERSION, Trajectory, TrajectoryGroup
 
@@ -41,8 +42,7 @@ class TrajectoryWriter:
             self._flush()
 
     def write(self, traj: Trajectory) -> None:
-        line = traj.model_dump_json().encode() + b"\n"
-        self._f.write(line)
+        self._f.write(encode_record(traj) + b"\n")
         self._flush()
 
     def write_many(self, trajs: Iterable[Trajectory]) -> None:
@@ -69,6 +69,19 @@ class TrajectoryWriter:
         self.close()
 
 
+def encode_record(record: BaseModel) -> bytes:
+    """One JSON line (without its newline) for ``record``, always valid UTF-8.
+
+    Text that UTF-8 cannot encode (a lone surrogate, which a JSON ``"\\ud800"`` escape in model
+    output decodes to) is written as a JSON ``\\uXXXX`` escape instead of raising: the record reads
+    back exactly as it was, and one bad string never stops a run from saving its trajectories."""
+    try:
+        return record.model_dump_json().encode()
+    except PydanticSerializationError:
+        log.warning("a %s holds text UTF-8 cannot encode; writing it escaped", type(record).__name__)
+        return json.dumps(record.model_dump(mode="json"), ensure_ascii=True).encode()
+
+
 def _ends_with_newline(path: Path) -> bool:
     with open(path, "rb") as f:
         f.seek(-1, os.SEEK_END)
@@ -84,11 +97,11 @@ class JsonLine(NamedTuple):
     last: bool
 
 
-def iter_jsonl(path: str | os.PathLike, *, strict: bool = True) -> Iterator[JsonLine]:
+def iter_jsonl(path: str | os.PathLike) -> Iterator[JsonLine]:
     """The records of an append-only JSONL file in order, blank lines skipped.
 
-    A line that is not JSON is skipped with a warning when it is the last line (a torn write) or
-    when ``strict=False``; otherwise it raises :class:`StoreError` naming the file and line. Every
+    A line that is not JSON (a write torn by a crash, wherever a later writer resumed after it, or
+    garbage) is skipped with a warning naming the file and line: it loses only itself. Every
     append-only file of a run (trajectories, metrics, evaluations) is read through here.
     """
     path = Path(path)
@@ -102,32 +115,32 @@ def iter_jsonl(path: str | os.PathLike, *, strict: bool = True) -> Iterator[Json
         lineno = i + 1
         try:
             data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            torn = i == last_idx
-            if torn or not strict:
-                log.warning(
-                    "%s:%d: skipping %s record (%d bytes): %s",
-                    path,
-                    lineno,
-                    "a truncated last" if torn else "an unreadable",
-                    len(raw),
-                    e,
-                )
-                continue
-            raise StoreError(f"{path}:{lineno}: not valid JSON ({e})") from e
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+            log.warning(
+                "%s:%d: skipping %s record (%d bytes): %s",
+                path,
+                lineno,
+                "a truncated last" if i == last_idx else "a torn or unreadable",
+                len(raw),
+                e,
+            )
+            continue
         yield JsonLine(lineno, data, i == last_idx)
 
 
-def iter_trajectories(path: str | os.PathLike, *, strict: bool = True) -> Iterator[Trajectory]:
+def iter_trajectories(path: str | os.PathLike) -> Iterator[Trajectory]:
     """Yield the trajectories of a JSONL file in order.
 
-    A line that does not parse is skipped with a warning when it is the last line (a torn write)
-    or when ``strict=False``; otherwise it raises :class:`StoreError` naming the line.
+    A line that is not JSON or not a trajectory is skipped with a warning naming the file and line
+    (see :func:`iter_jsonl`); a record of another ``schema_version`` is a :class:`StoreError`.
     """
-    for line in iter_jsonl(path, strict=strict):
+    for line in iter_jsonl(path):
         data = line.data
         version = data.get("schema_version") if isinstance(data, dict) else None
         if version != SCHEMA_VERSION:
+            if not isinstance(version, int):
+                log.warning("%s:%d: skipping a record that is not a trajectory", path, line.number)
+                continue
             raise StoreError(
                 f"{path}:{line.number}: schema_version {version!r} is not supported by this flowgrpo "
                 f"(it reads version {SCHEMA_VERSION}); read it with the flowgrpo version that wrote it"
@@ -135,14 +148,27 @@ def iter_trajectories(path: str | os.PathLike, *, strict: bool = True) -> Iterat
         try:
             yield Trajectory.model_validate(data)
         except ValidationError as e:
-            if line.last or not strict:
-                log.warning("%s:%d: skipping an invalid record: %s", path, line.number, e)
-                continue
-            raise StoreError(f"{path}:{line.number}: not a valid trajectory: {e}") from e
+            log.warning("%s:%d: skipping an invalid trajectory: %s", path, line.number, e)
 
 
-def read_trajectories(path: str | os.PathLike, *, strict: bool = True) -> list[Trajectory]:
-    return list(iter_trajectories(path, strict=strict))
+def read_trajectories(path: str | os.PathLike) -> list[Trajectory]:
+    return list(iter_trajectories(path))
+
+
+def append_line(path: str | os.PathLike, line: bytes | str, *, fsync: bool = False) -> None:
+    """Append one record to a JSONL file as one ``write`` of a complete line.
+
+    When the file does not end with a newline (a writer was killed mid-line) the fragment is ended
+    first, so a new record is never glued onto it: the torn line loses only itself."""
+    data = line.encode() if isinstance(line, str) else line
+    path = Path(path)
+    with open(path, "ab") as f:
+        if f.tell() > 0 and not _ends_with_newline(path):
+            data = b"\n" + data
+        f.write(data if data.endswith(b"\n") else data + b"\n")
+        f.flush()
+        if fsync:
+            os.fsync(f.fileno())
 
 
 def group_trajectories(trajs: Iterable[Trajectory]) -> dict[str, list[Trajectory]]:

@@ -20,7 +20,7 @@ import yaml
 from flowgrpo.checkpoint import save_checkpoint
 from flowgrpo.cli import main
 from flowgrpo.config import ConfigError, TrainConfig, dump_config
-from flowgrpo.evaluation import EvalResult
+from flowgrpo.evaluation import EvalResult, record_evaluation
 from flowgrpo.metrics import MetricsLogger
 from flowgrpo.rundir import CheckpointRef, MetricRecord, RunDir, RunError
 from flowgrpo.store import TrajectoryWriter
@@ -229,27 +229,44 @@ def test_a_torn_last_line_is_skipped_with_a_warning(written, caplog):
     assert caplog.text.count("truncated last") == 3
 
 
-def test_a_corrupt_line_in_the_middle_names_file_and_line(written):
+def test_a_torn_line_in_the_middle_loses_only_itself(written, caplog):
+    """A writer killed mid-line, then the run resumed: the next records follow the fragment. Each
+    of the three files still reads, minus the torn line, with a warning naming file and line."""
+    metrics, evals = written / "metrics.jsonl", written / "eval.jsonl"
+    traj_file = written / "trajectories" / "step_000003.jsonl"
+    _tear(metrics, json.dumps({"step": 4, "reward_mean": 0.4}) + "\n")
+    _tear(evals, _eval("step4", 4, 1.0).model_dump_json() + "\n")
+    _tear(traj_file, _traj(9).model_dump_json() + "\n")
+    # more records, through the writers the trainer uses
+    MetricsLogger(metrics).log(4, {"reward_mean": 0.4})
+    record_evaluation(written, _eval("step5", 5, 1.0), [])
+    with TrajectoryWriter(traj_file) as w:
+        w.write(_traj(7))
+    run = RunDir(written)
+    with caplog.at_level(logging.WARNING):
+        assert [(m.step, m.values["reward_mean"]) for m in run.metrics()][-2:] == [(3, 0.3), (4, 0.4)]
+        assert [e.label for e in run.evals()] == ["untrained", "step3", "step3", "step5"]
+        assert [t.id for t in run.trajectories(3)] == ["t0", "t1", "t2", "t3", "t7"]
+    for path, line in ((metrics, 4), (evals, 4), (traj_file, 5)):
+        assert f"{path}:{line}: skipping a torn or unreadable record" in caplog.text
+
+
+def test_garbage_in_the_middle_is_skipped_with_file_and_line(written, caplog):
     path = written / "metrics.jsonl"
     lines = path.read_text().splitlines()
-    lines[1] = lines[1][:-5]
-    path.write_text("\n".join(lines) + "\n")
-    with pytest.raises(RunError, match=r"metrics\.jsonl:2: not valid JSON"):
-        RunDir(written).metrics()
-    # valid JSON that is not an evaluation: named too
-    path = written / "eval.jsonl"
-    lines = path.read_text().splitlines()
-    rec = json.loads(lines[1])
+    path.write_text("\n".join([lines[0], "[1, 2]", '{"step": "two"}', *lines[1:]]) + "\n")
+    epath = written / "eval.jsonl"
+    elines = epath.read_text().splitlines()
+    rec = json.loads(elines[1])
     rec["n"] = "many"
-    lines[1] = json.dumps(rec)
-    path.write_text("\n".join(lines) + "\n")
-    with pytest.raises(RunError, match=r"eval\.jsonl:2: not a valid record"):
-        RunDir(written).evals()
-    tpath = written / "trajectories" / "step_000001.jsonl"
-    tlines = tpath.read_text().splitlines()
-    tpath.write_text("\n".join([tlines[0], "{oops", *tlines[1:]]) + "\n")
-    with pytest.raises(RunError, match=r"step_000001\.jsonl:2: not valid JSON"):
-        RunDir(written).trajectories(1)
+    elines[1] = json.dumps(rec)
+    epath.write_text("\n".join(elines) + "\n")
+    with caplog.at_level(logging.WARNING):
+        assert [m.step for m in RunDir(written).metrics()] == [1, 2, 3]
+        assert [e.accuracy for e in RunDir(written).evals()] == [0.25, 0.75]
+    assert f"{path}:2: skipping a record that is not a JSON object" in caplog.text
+    assert f"{path}:3: skipping an invalid record" in caplog.text
+    assert f"{epath}:2: skipping an invalid record" in caplog.text
 
 
 def test_evaluations_of_an_older_format_are_skipped(written, caplog):

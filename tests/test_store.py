@@ -48,10 +48,36 @@ def test_torn_last_line_is_skipped_and_next_writer_starts_clean(tmp_path, caplog
     assert "truncated last" in caplog.text
     with TrajectoryWriter(path) as w:  # reopening must not glue the next record to the fragment
         w.write(_traj(3))
-    # The fragment is now a middle line: strict mode names it, lenient mode skips it.
-    with pytest.raises(StoreError, match=":3: not valid JSON"):
-        read_trajectories(path)
-    assert [t.id for t in read_trajectories(path, strict=False)] == ["t0", "t1", "t3"]
+    # The fragment is now a middle line: it loses only itself, with a warning naming file and line.
+    caplog.clear()
+    assert [t.id for t in read_trajectories(path)] == ["t0", "t1", "t3"]
+    assert f"{path}:3: skipping a torn or unreadable record" in caplog.text
+
+
+def test_garbage_lines_anywhere_lose_only_themselves(tmp_path, caplog):
+    path = tmp_path / "trajs.jsonl"
+    with TrajectoryWriter(path) as w:
+        w.write(_traj(0))
+    with open(path, "a") as f:
+        f.write('[1, 2]\n{"schema_version": "x"}\n' + "[" * 100_000 + "\n")  # not trajectories
+    with TrajectoryWriter(path) as w:
+        w.write(_traj(1))
+    assert [t.id for t in read_trajectories(path)] == ["t0", "t1"]
+    assert caplog.text.count("skipping") == 3
+
+
+def test_unencodable_text_is_written_escaped_and_reads_back(tmp_path):
+    """A lone surrogate (what JSON's "\\ud800" escape in model output decodes to) cannot be UTF-8
+    encoded; the writer escapes it instead of raising, and the record reads back unchanged."""
+    path = tmp_path / "trajs.jsonl"
+    bad = _traj(0).model_copy(update={"metadata": {"note": "a\ud800b"}})
+    with TrajectoryWriter(path) as w:
+        w.write(bad)
+        w.write(_traj(1))
+    raw = path.read_bytes()
+    raw.decode("utf-8")  # valid UTF-8 on disk
+    assert b"\\ud800" in raw
+    assert read_trajectories(path) == [bad, _traj(1)]
 
 
 def test_unknown_schema_version_is_a_clear_error(tmp_path):
