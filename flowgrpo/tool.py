@@ -35,7 +35,7 @@ from typing import Any, Protocol, get_type_hints, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from flowgrpo.aio import run_sync
+from flowgrpo.aio import run_in_thread, run_sync
 from flowgrpo.types import Message, ToolCall
 
 ENTRY_POINT_GROUP = "flowgrpo.tools"
@@ -239,11 +239,13 @@ def parse_google_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
 class FunctionTool:
     """A :class:`Tool` around a plain function (what ``@tool`` returns).
 
-    A sync function runs in a worker thread (``asyncio.to_thread``) so a slow tool never blocks the
-    event loop on which other episodes are generating. Note that Python threads cannot be killed:
-    a sync function that overruns its timeout keeps running in its thread until it returns (the
-    episode moves on with a timeout observation). Untrusted or unbounded work belongs in a
-    subprocess (see ``flowgrpo.tools.code``).
+    A sync function runs in a daemon thread of its own (:func:`flowgrpo.aio.run_in_thread`) so a
+    slow tool never blocks the event loop on which other episodes are generating, and one that
+    overruns its timeout is abandoned: the episode moves on with a timeout observation, and the
+    loop's shutdown and the process's exit do not wait for it (``asyncio.to_thread`` would hold
+    every ``asyncio.run`` until the call returned). Python threads cannot be killed, so the
+    abandoned call keeps its thread until it returns by itself: untrusted or CPU-bound work belongs
+    in a subprocess (see ``flowgrpo.tools.code``).
     """
 
     def __init__(
@@ -267,7 +269,7 @@ class FunctionTool:
         kwargs = {k: getattr(args, k) for k in type(args).model_fields}
         if self._is_async:
             return await self.fn(**kwargs)
-        return await asyncio.to_thread(self.fn, **kwargs)
+        return await run_in_thread(self.fn, **kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Calling the tool object calls the original function (handy in tests)."""

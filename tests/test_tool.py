@@ -300,3 +300,42 @@ def test_make_builtin_calculator_through_entry_point():
     calc = make_tool("calculator")
     assert calc.name == "calculator"
     assert asyncio.run(invoke(calc, {"expression": "2+3*4"})).content == "14"
+
+
+_HUNG_TOOL_SCRIPT = """
+import asyncio, sys, threading, time
+from flowgrpo.tool import ToolCall, execute_tool_calls, tool
+
+@tool(timeout_s=0.5)
+def forever() -> str:
+    '''Never returns.'''
+    threading.Event().wait()
+
+@tool(timeout_s=2)
+def sleeps_40s() -> str:
+    '''Sleeps 40 s, far past its 2 s timeout.'''
+    time.sleep(40)
+    return "late"
+
+for name in ("forever", "sleeps_40s"):
+    t0 = time.monotonic()
+    msgs = asyncio.run(execute_tool_calls([forever, sleeps_40s], [ToolCall(name=name, arguments={})]))
+    print(name, round(time.monotonic() - t0, 1), msgs[0].content, flush=True)
+"""
+
+
+def test_a_hung_sync_tool_is_abandoned_at_its_timeout():
+    """A sync tool that never returns, and one that sleeps 40 s under a 2 s timeout: each call
+    ends with a timeout observation, the event loop shuts down and the process exits, although
+    both threads are still blocked (the run would otherwise hang forever / for 40 s)."""
+    import subprocess
+    import sys
+
+    # the 30 s limit is the check: with the loop waiting for the threads this hangs forever
+    r = subprocess.run([sys.executable, "-c", _HUNG_TOOL_SCRIPT], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    lines = [ln.split(" ", 2) for ln in r.stdout.splitlines()]
+    assert [(name, msg) for name, _, msg in lines] == [
+        ("forever", "Error: forever timed out after 0.5 s"),
+        ("sleeps_40s", "Error: sleeps_40s timed out after 2 s"),
+    ]
