@@ -116,12 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("labels", nargs="+", help="evaluation labels, e.g. warm step40")
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args(argv)
-    from flowgrpo.env import make
+    from flowgrpo.components import env_factory_of
 
     try:
         run = RunDir(args.run)
         cfg = run.config()
-        env = make(cfg.env.name, **cfg.env.kwargs)
+        env = env_factory_of(cfg.env)()
         tasks = {
             t.id: (t.answer or "", str(t.metadata.get("expression", "")))
             for split in ("train", "test")

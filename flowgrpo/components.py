@@ -21,11 +21,12 @@ from typing import Any, Protocol, runtime_checkable
 from flowgrpo.advantages import Estimator, get_estimator
 from flowgrpo.backends.base import RolloutBackend
 from flowgrpo.checkpoint import seed_everything
-from flowgrpo.config import TrainConfig
+from flowgrpo.config import EnvConfig, TrainConfig
 from flowgrpo.env import Environment, Split
 from flowgrpo.hardware import resolve_autocast
 from flowgrpo.lora import apply_lora, is_lora
 from flowgrpo.parsing import ActionParser
+from flowgrpo.rollout import EpisodeAgent
 from flowgrpo.types import Task, TrajectoryGroup
 
 
@@ -52,6 +53,8 @@ class Components:
     autocast: str | None
     probe_env: Environment
     """One instance of the environment, for its tasks and its parser (never stepped)."""
+    agent: EpisodeAgent | None = None
+    """The episode loop when ``agent.kind`` is not the plain tool agent (``flow``: the flow agent)."""
     _tasks: dict[str, list[Task]] = field(default_factory=dict, repr=False)
 
     @property
@@ -95,7 +98,7 @@ def build(
     if cfg.model.lora is not None and not is_lora(model):
         model = apply_lora(model, cfg.model.lora)  # base frozen, adapters trainable
     if env_factory is None:
-        env_factory = functools.partial(_make_env, cfg.env.name, cfg.env.kwargs)
+        env_factory = env_factory_of(cfg.env)
     if reward is None:
         from flowgrpo.rewards import CompositeReward
 
@@ -104,6 +107,11 @@ def build(
     autocast = resolve_autocast(cfg.model.autocast, device_type)
     if backend is None:
         backend = make_backend(cfg, model, tokenizer, autocast)
+    agent = None
+    if cfg.agent.kind == "flow":
+        from flowgrpo.agentflow import build_flow_agent
+
+        agent = build_flow_agent(cfg.agent, policy=model, tokenizer=tokenizer, backend=backend, autocast=autocast)
     return Components(
         config=cfg,
         model=model,
@@ -114,7 +122,14 @@ def build(
         estimator=estimator_of(cfg),
         autocast=autocast,
         probe_env=env_factory(),
+        agent=agent,
     )
+
+
+def env_factory_of(env: EnvConfig) -> Callable[[], Environment]:
+    """Fresh environments as the ``env`` section names them (one per episode). Replay and the
+    failure analysis use this part alone: it needs no model."""
+    return functools.partial(_make_env, env.name, dict(env.kwargs))
 
 
 def _make_env(name: str, kwargs: dict[str, Any]) -> Environment:
@@ -179,4 +194,4 @@ def make_backend(cfg: TrainConfig, model: Any, tokenizer: Any, autocast: str | N
     return vllm_backend
 
 
-__all__ = ["Components", "GroupScorer", "build", "estimator_of", "load_policy", "make_backend"]
+__all__ = ["Components", "GroupScorer", "build", "env_factory_of", "estimator_of", "load_policy", "make_backend"]

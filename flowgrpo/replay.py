@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from flowgrpo.agentflow.render import flow_text
 from flowgrpo.parsing import ParseError
 from flowgrpo.rundir import RunDir, RunError
 from flowgrpo.types import Message, ParsedAction, Task, Termination, Trajectory, TrajectoryGroup
@@ -69,20 +70,19 @@ def make_run_env_factory(
     run: RunDir, env_name: str | None = None, env_kwargs: Mapping[str, Any] | None = None
 ) -> Callable[[], Any]:
     """A factory of fresh environments as the run configured them (or as overridden)."""
-    from flowgrpo import env as env_mod
+    from flowgrpo.components import env_factory_of
+    from flowgrpo.config import EnvConfig
 
     if env_name is None:
         try:
             env = run.config().env
         except RunError as e:
             raise RunError(f"{e}\n(or name the environment: --env NAME [--env-kwargs JSON])") from None
-        env_name, kwargs = env.name, dict(env.kwargs)
     else:
-        kwargs = {}
+        env = EnvConfig(name=env_name)
     if env_kwargs is not None:
-        kwargs = dict(env_kwargs)
-    name, kw = env_name, dict(kwargs)
-    return lambda: env_mod.make(name, **kw)
+        env = EnvConfig(name=env.name, kwargs=dict(env_kwargs))
+    return env_factory_of(env)
 
 
 def tasks_by_id(env: Any) -> dict[str, Task]:
@@ -167,7 +167,7 @@ def _message_block(m: Message, st: Style) -> str:
     elif m.role == "user":
         head = f"{st.magenta}[user]{st.reset}"
     elif m.role == "assistant":
-        head = f"{st.cyan}{st.bold}[assistant]{st.reset}"
+        head = f"{st.cyan}{st.bold}[assistant{' ' + m.name if m.name else ''}]{st.reset}"
     else:
         head = f"{st.blue}[{m.role}]{st.reset}"
     lines = [head, _indent(m.content)]
@@ -238,11 +238,16 @@ def format_trajectory(
         if turn.observations:
             for m in turn.observations:
                 out.append(_message_block(m, st))
+        if isinstance(turn.metadata.get("flow"), Mapping):
+            out.append(flow_text(turn.metadata["flow"]))
         info = turn.metadata.get("info")
         if isinstance(info, Mapping) and "answer" in info:
             out.append(
                 f"    {st.bold}final answer: {info['answer']!s}{st.reset}  correct: {info.get('correct')}"
             )
+    if isinstance(traj.metadata.get("flow"), Mapping):
+        out.append(f"{st.bold}-- end of the flow{st.reset}")
+        out.append(flow_text(traj.metadata["flow"]))
     return "\n".join(out)
 
 
