@@ -126,6 +126,12 @@ class RunSection(_Section):
     save_every: int = Field(10, ge=0, description="steps between checkpoints (0: only at the end)")
     keep_last: int = Field(2, ge=1, description="checkpoints kept on disk")
     resume: bool | str = Field(False, description="true: the latest checkpoint in output_dir; or a path")
+    resume_fallback: bool = Field(
+        False, description="resume from the previous checkpoint when the latest is unreadable"
+    )
+    start_over: bool = Field(
+        False, description="resume with no checkpoint left: start from step 0, moving old records aside"
+    )
     save_trajectories: bool = True
     tensorboard: bool = False
     progress: bool = True

@@ -49,7 +49,16 @@ import torch
 
 from flowgrpo.advantages import is_zero_variance
 from flowgrpo.batching import MicroBatch, Row, build_rows, micro_batches
-from flowgrpo.checkpoint import load_checkpoint, save_checkpoint, seed_everything
+from flowgrpo.checkpoint import (
+    REFERENCE_FILE,
+    ReferencePointer,
+    load_policy_state,
+    load_reference,
+    save_checkpoint,
+    seed_everything,
+    set_rng_state,
+    write_reference,
+)
 from flowgrpo.components import Components, GroupScorer, build
 from flowgrpo.config import TrainConfig, dump_config
 from flowgrpo.env import Environment, Split
@@ -59,8 +68,8 @@ from flowgrpo.lora import is_lora, reference_mode
 from flowgrpo.loss import policy_loss, truncated_is_weights
 from flowgrpo.metrics import MetricsLogger, rollout_stats
 from flowgrpo.optim import adamw
+from flowgrpo.resume import choose_checkpoint
 from flowgrpo.rollout import RolloutEngine
-from flowgrpo.rundir import RunDir
 from flowgrpo.types import Task, Trajectory, TrajectoryGroup
 
 log = logging.getLogger(__name__)
@@ -450,8 +459,8 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints and signals
     def save(self) -> Path:
         extra = {"stream": self.stream.state_dict(), "counters": dict(self.counters)}
-        if self.ref_model is not None and self.counters["sft_done"]:
-            extra["ref_model"] = self.ref_model.state_dict()  # the warm-started anchor, not the source
+        if self.critic is not None:
+            extra["critic"] = self.critic.state_dict()
         return save_checkpoint(
             self.ckpt_root,
             self.step,
@@ -460,22 +469,45 @@ class Trainer:
             scheduler=self.scheduler,
             extra=extra,
             keep_last=self.cfg.run.keep_last,
+            reference=self._reference_pointer(),
         )
 
+    def _reference_pointer(self) -> ReferencePointer | None:
+        """The initial model (rebuilt from the config on resume) or, after a warm start, the
+        warm-started weights written once beside the checkpoints."""
+        if self.ref_model is None:
+            return None
+        if not self.counters["sft_done"]:
+            return ReferencePointer(kind="initial", model=self.cfg.model.name)
+        if not (self.ckpt_root / REFERENCE_FILE).is_file():
+            return write_reference(self.ckpt_root, self.ref_model)
+        return ReferencePointer(kind="file", path=REFERENCE_FILE.as_posix())
+
     def resume(self, path: str | Path | None = None) -> bool:
-        """Load ``path`` (default: the latest checkpoint of this run); False when there is none."""
-        p = Path(path) if path is not None else RunDir(self.out).latest_checkpoint()
-        if p is None:
-            log.info("no checkpoint under %s: starting from step 0", self.ckpt_root)
+        """Load ``path`` (default: the latest checkpoint of this run); False when there is none
+        (:func:`flowgrpo.resume.choose_checkpoint` says what happens to a run whose checkpoints
+        vanished or are unreadable)."""
+        data = choose_checkpoint(self.out, path, self.cfg.run)
+        if data is None:
             return False
-        state = load_checkpoint(p, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
-        self.step = int(state["step"])
-        self.stream.load_state_dict(state["extra"]["stream"])
-        self.counters.update(state["extra"].get("counters", {}))
-        if self.ref_model is not None and "ref_model" in state["extra"]:
-            self.ref_model.load_state_dict(state["extra"]["ref_model"])
-        self.parts.backend.sync_weights(self.model)
-        log.info("resumed from %s at step %d", p, self.step)
+        load_policy_state(self.model, data.policy, source=data.path)
+        if data.optimizer is not None:
+            self.optimizer.load_state_dict(data.optimizer)
+        if data.state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(data.state["scheduler"])
+        set_rng_state(data.state["rng"])
+        self.step = data.step
+        self.stream.load_state_dict(data.state["extra"]["stream"])
+        self.counters.update(data.state["extra"].get("counters", {}))
+        if self.critic is not None and "critic" in data.state["extra"]:
+            self.critic.load_state_dict(data.state["extra"]["critic"])
+        if self.ref_model is not None:
+            if "ref_model" in data.state["extra"]:  # the one-file format copied the reference
+                self.ref_model.load_state_dict(data.state["extra"]["ref_model"])
+            elif data.reference is not None:
+                load_reference(self.ckpt_root, data.reference, self.ref_model)
+        self.parts.backend.sync_weights(self.model, version=self.step)
+        log.info("resumed from %s at step %d", data.path, self.step)
         return True
 
     @contextmanager
@@ -535,6 +567,7 @@ class Trainer:
         hist = warm_start(self.parts)
         if self.ref_model is not None and self.ref_model is not self.model:
             self.ref_model.load_state_dict(self.model.state_dict())
+            write_reference(self.ckpt_root, self.ref_model)  # once; checkpoints point to it
         self.parts.backend.sync_weights(self.model)
         self.counters["sft_done"] = 1
         for i, h in enumerate(hist):
