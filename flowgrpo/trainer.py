@@ -459,8 +459,6 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints and signals
     def save(self) -> Path:
         extra = {"stream": self.stream.state_dict(), "counters": dict(self.counters)}
-        if self.critic is not None:
-            extra["critic"] = self.critic.state_dict()
         return save_checkpoint(
             self.ckpt_root,
             self.step,
@@ -499,14 +497,12 @@ class Trainer:
         self.step = data.step
         self.stream.load_state_dict(data.state["extra"]["stream"])
         self.counters.update(data.state["extra"].get("counters", {}))
-        if self.critic is not None and "critic" in data.state["extra"]:
-            self.critic.load_state_dict(data.state["extra"]["critic"])
         if self.ref_model is not None:
             if "ref_model" in data.state["extra"]:  # the one-file format copied the reference
                 self.ref_model.load_state_dict(data.state["extra"]["ref_model"])
             elif data.reference is not None:
                 load_reference(self.ckpt_root, data.reference, self.ref_model)
-        self.parts.backend.sync_weights(self.model, version=self.step)
+        self.parts.backend.sync_weights(self.model)
         log.info("resumed from %s at step %d", data.path, self.step)
         return True
 
