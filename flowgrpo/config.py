@@ -54,9 +54,44 @@ class EnvConfig(_Section):
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
+class PPOConfig(_Section):
+    """PPO's critic (``algorithm.name: ppo``; formulas: docs/algorithms.md, "PPO"). Defaults follow
+    TRL's ``PPOTrainer`` (gamma 1, lambda 0.95, value clip 0.2, vf_coef 0.1, whitened advantages)."""
+
+    value_model: Literal["separate", "shared"] = Field(
+        "separate",
+        description="separate: a copy of the policy backbone (or value_model_path) with a value head and "
+        "its own optimizer; shared: a value head on the policy's backbone (the value loss trains it too)",
+    )
+    value_model_path: str | None = Field(
+        None, description="a local HF directory whose backbone initialises a separate critic"
+    )
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount per action token")
+    lam: float = Field(0.95, ge=0.0, le=1.0, description="GAE lambda")
+    vf_coef: float = Field(0.1, ge=0.0, description="weight of the value loss")
+    value_clip: float | None = Field(0.2, gt=0.0, description="PPO2 value clipping; null: plain MSE")
+    value_lr: float | None = Field(None, gt=0.0, description="the critic's learning rate (default: train.lr)")
+    whiten_advantages: bool = Field(True, description="normalise GAE advantages over the batch")
+
+    @model_validator(mode="after")
+    def _path_needs_separate(self) -> PPOConfig:
+        if self.value_model_path is not None and self.value_model == "shared":
+            raise ValueError(
+                "value_model_path initialises a separate critic: set algorithm.ppo.value_model=separate "
+                "or drop value_model_path"
+            )
+        return self
+
+
 class AlgorithmConfig(_Section):
     """Advantage estimator and policy loss (formulas: docs/algorithms.md)."""
 
+    name: Literal["flow_grpo", "ppo"] = Field(
+        "flow_grpo",
+        description="flow_grpo: group baselines (the estimator below); ppo: a value model and "
+        "multi-turn GAE (the ppo section), the same clipped policy loss and KL",
+    )
+    ppo: PPOConfig = Field(default_factory=PPOConfig)
     estimator: str = Field("flow_grpo", description="a name in flowgrpo.advantages.ESTIMATORS")
     estimator_kwargs: dict[str, Any] = Field(default_factory=dict, description="e.g. {gamma: 0.95} for gigpo")
     clip_low: float = Field(0.2, ge=0.0, lt=1.0)
@@ -305,6 +340,7 @@ __all__ = [
     "ConfigError",
     "EnvConfig",
     "ModelConfig",
+    "PPOConfig",
     "RunSection",
     "SFTSection",
     "TrainConfig",

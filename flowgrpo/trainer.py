@@ -71,6 +71,7 @@ from flowgrpo.optim import adamw
 from flowgrpo.resume import choose_checkpoint
 from flowgrpo.rollout import RolloutEngine
 from flowgrpo.types import Task, Trajectory, TrajectoryGroup
+from flowgrpo.value import critic_of
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +171,7 @@ class Trainer:
         self.model.train()
         # The KL anchor: skipped entirely (no copy, no forward) when kl_coef is 0.
         self.ref_model = frozen_reference(self.model) if cfg.algorithm.kl_coef > 0 else None
+        self.critic = critic_of(cfg, self.model, parts.autocast)  # PPO's value model; None for group baselines
         self.engine = RolloutEngine(parts.backend, parts.tokenizer, cfg.rollout)
         self.optimizer = adamw(
             self.model, lr=cfg.train.lr, betas=cfg.train.betas, weight_decay=cfg.train.weight_decay
@@ -322,7 +324,8 @@ class Trainer:
 
     def _drop(self, group: TrajectoryGroup) -> bool:
         """Whether ``group`` is left out of the update: equal rewards give it no signal."""
-        return self.cfg.train.drop_zero_variance_groups and is_zero_variance(group)
+        # A critic gives equal-reward groups a signal (its values differ), so PPO keeps them.
+        return self.critic is None and self.cfg.train.drop_zero_variance_groups and is_zero_variance(group)
 
     def update(self, trajs: Sequence[Trajectory]) -> dict[str, float]:
         """Policy updates on one rollout batch: ``epochs_per_batch`` passes, each split into
@@ -332,6 +335,11 @@ class Trainer:
         if not trajs:
             return {"optimizer_steps": 0.0}
         rows = build_rows(trajs, pack=cfg.train.pack_rows)
+        critic_m = {}
+        if self.critic is not None:  # PPO: per-token GAE advantages replace the estimator's
+            critic_m = self.critic.prepare(
+                rows, trajs, micro_batch_tokens=cfg.train.micro_batch_tokens, pad_id=self.parts.pad_id
+            )
         ref = None
         if self.ref_model is not None:
             with reference_mode(self.ref_model) as ref_model:
@@ -357,6 +365,9 @@ class Trainer:
         out = {k: v / steps for k, v in agg.items()}
         out["train_tokens"] = agg.get("train_tokens", 0.0)
         out["optimizer_steps"] = float(steps)
+        if self.critic is not None:
+            self.critic.end_batch()
+        out.update(critic_m)
         return out
 
     def _optimizer_step(
@@ -364,6 +375,9 @@ class Trainer:
     ) -> dict[str, float]:
         cfg, a = self.cfg, self.cfg.algorithm
         self.optimizer.zero_grad(set_to_none=True)
+        if self.critic is not None:
+            self.critic.zero_grad()
+        mb_action_tokens = float(sum(r.num_action_tokens for r in rows))
         sums: dict[str, float] = {}
         tokens = 0.0
         finite = True
@@ -391,6 +405,10 @@ class Trainer:
                 token_weights=mb.token_weights,
                 is_weights=is_w,
             )
+            if self.critic is not None:  # PPO: + vf_coef * clipped value loss
+                v_loss, vm = self.critic.loss(mb, mb_action_tokens)
+                loss = loss + a.ppo.vf_coef * v_loss
+                m.update({f"ppo/{k}": v for k, v in vm.items() if k != "tokens"})
             if not torch.isfinite(loss):
                 finite = False
                 break
@@ -411,9 +429,13 @@ class Trainer:
             self.counters["nan_skipped_steps"] += 1
             log.warning("step %d: non-finite loss or gradient; skipping this optimizer step", self.step)
             self.optimizer.zero_grad(set_to_none=True)
+            if self.critic is not None:
+                self.critic.zero_grad()
             return {"skipped": 1.0}
         self.optimizer.step()
         out = {k: (v / tokens if tokens and k != "loss" else v) for k, v in sums.items()}
+        if self.critic is not None:
+            out["ppo/value_grad_norm"] = self.critic.step(cfg.train.grad_clip)
         out.update(grad_norm=grad_norm, train_tokens=tokens, skipped=0.0)
         return out
 
@@ -459,6 +481,8 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints and signals
     def save(self) -> Path:
         extra = {"stream": self.stream.state_dict(), "counters": dict(self.counters)}
+        if self.critic is not None:
+            extra["critic"] = self.critic.state_dict()
         return save_checkpoint(
             self.ckpt_root,
             self.step,
@@ -497,6 +521,8 @@ class Trainer:
         self.step = data.step
         self.stream.load_state_dict(data.state["extra"]["stream"])
         self.counters.update(data.state["extra"].get("counters", {}))
+        if self.critic is not None and "critic" in data.state["extra"]:
+            self.critic.load_state_dict(data.state["extra"]["critic"])
         if self.ref_model is not None:
             if "ref_model" in data.state["extra"]:  # the one-file format copied the reference
                 self.ref_model.load_state_dict(data.state["extra"]["ref_model"])
