@@ -107,6 +107,20 @@ class AlgorithmConfig(_Section):
         "(recomputes old logprobs with one extra forward pass)",
     )
     tis_cap: float = Field(2.0, gt=1.0)
+    loss: Literal["ppo_clip", "gspo", "cispo"] = Field(
+        "ppo_clip",
+        description="policy-gradient term: ppo_clip (token-level clipped surrogate), gspo (one "
+        "length-normalised ratio per turn, clipped per turn; the paper clips at 3e-4/4e-4 with "
+        "agg=turn_mean), cispo (clipped stop-gradient IS weight on REINFORCE); docs/algorithms.md",
+    )
+
+    @model_validator(mode="after")
+    def _dual_clip_needs_ppo_clip(self) -> AlgorithmConfig:
+        if self.dual_clip is not None and self.loss != "ppo_clip":
+            raise ValueError(
+                f"dual_clip applies to loss=ppo_clip only; with loss={self.loss} set algorithm.dual_clip=null"
+            )
+        return self
 
     @field_validator("estimator")
     @classmethod

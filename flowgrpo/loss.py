@@ -10,6 +10,11 @@ Pure torch functions (formulas and references in ``docs/algorithms.md``):
   truncated importance-sampling correction between the sampler's and the trainer's logprobs
   (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training"), and
   one place that owns aggregation (:func:`aggregation_weights`).
+- ``loss="gspo"`` -- GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization"): one
+  length-normalised importance ratio per sequence (here: per turn), clipped per sequence
+  (:func:`gspo_surrogate`).
+- ``loss="cispo"`` -- CISPO (MiniMax 2025, "MiniMax-M1"): a clipped, stop-gradient importance
+  weight on a REINFORCE term, so no token's gradient is ever cut (:func:`cispo_surrogate`).
 
 Aggregation is expressed as per-token weights ``w`` with ``loss = sum(w * l)``: that makes a loss
 split over micro-batches exact (compute ``w`` once over the whole mini-batch, pass the slice as
@@ -18,6 +23,8 @@ split over micro-batches exact (compute ``w`` once over the whole mini-batch, pa
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -25,6 +32,7 @@ import torch
 KLEstimator = Literal["k1", "k2", "k3"]
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "turn_mean"]
 AGGREGATIONS: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "turn_mean")
+PolicyLossKind = Literal["ppo_clip", "gspo", "cispo"]
 
 
 def kl_penalty(
@@ -156,6 +164,131 @@ def truncated_is_weights(
     return keep.view(B, 1).expand(B, T).clone()
 
 
+@dataclass
+class Surrogate:
+    """The policy-gradient part of a loss, per token (all ``(B, T)``): ``pg`` the loss term,
+    ``ratio`` the importance ratio it used (for metrics), ``clipped_low`` / ``clipped_high`` where
+    the clip bound was hit (the gradient cut for ``ppo_clip`` and ``gspo``, the weight capped for
+    ``cispo``)."""
+
+    pg: torch.Tensor
+    ratio: torch.Tensor
+    clipped_low: torch.Tensor
+    clipped_high: torch.Tensor
+
+
+def _turn_keys(mask: torch.Tensor, seq_index: torch.Tensor | None, turn_index: torch.Tensor | None):
+    """Dense ids ``(B, T)`` of each token's (trajectory, turn) and how many there are; a row is one
+    turn when ``turn_index`` is None and one trajectory when ``seq_index`` is None."""
+    B, T = mask.shape
+    seq = (seq_index if seq_index is not None else torch.arange(B, device=mask.device)).to(mask.device)
+    seq = seq.view(B, 1).expand(B, T)
+    turn = (
+        turn_index.to(mask.device)
+        if turn_index is not None
+        else torch.arange(B, device=mask.device).view(B, 1).expand(B, T)
+    )
+    ids, n = _segment_ids(torch.stack([seq.reshape(-1), turn.reshape(-1)], dim=-1))
+    return ids.view(B, T), n
+
+
+def ppo_clip_surrogate(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    seq_index: torch.Tensor | None = None,
+    turn_index: torch.Tensor | None = None,
+) -> Surrogate:
+    """PPO's token-level clipped surrogate (Schulman et al. 2017):
+    ``l = -min(r*A, clip(r, 1-clip_low, 1+clip_high)*A)``, ``r = exp(logprobs - old_logprobs)``."""
+    log_ratio = (logprobs - old_logprobs) * mask  # (B, T); 0 off-mask keeps exp finite
+    ratio = torch.exp(log_ratio.clamp(max=20.0))  # (B, T)
+    pg = -torch.minimum(ratio * advantages, ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages)
+    with torch.no_grad():
+        low = (ratio < 1.0 - clip_low) & (advantages < 0)
+        high = (ratio > 1.0 + clip_high) & (advantages > 0)
+    return Surrogate(pg, ratio, low, high)
+
+
+def gspo_surrogate(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    seq_index: torch.Tensor | None = None,
+    turn_index: torch.Tensor | None = None,
+) -> Surrogate:
+    """GSPO (Zheng et al. 2025, arXiv:2507.18071), in its token form (GSPO-token, eq. 13).
+
+    The sequence ratio of a response ``y`` is ``s = exp(mean_{t in y} (logprobs - old_logprobs))``
+    over its action tokens only; every token of ``y`` carries
+    ``s_t = sg(s) * exp(logprobs_t - sg(logprobs_t))`` (value ``s``, gradient ``s * grad log p_t``)
+    and ``l_t = -min(s_t*A_t, clip(s_t, 1-clip_low, 1+clip_high)*A_t)``, so the whole response is
+    kept or clipped together. A response is one turn (a row is one turn when ``turn_index`` is
+    None): in the Flow-GRPO view each turn is a single-turn update, and a turn never spans two
+    rows or micro-batches, so the ratio is exact under gradient accumulation. GSPO's objective
+    averages over responses: pair it with ``agg="turn_mean"`` (or ``seq_mean_token_mean`` for
+    single-turn episodes). The paper clips at ``3e-4`` / ``4e-4``.
+    """
+    ids, n = _turn_keys(mask, seq_index, turn_index)  # (B, T)
+    m = mask.to(logprobs.dtype)
+    log_ratio = (logprobs - old_logprobs) * m  # (B, T)
+    sums = torch.zeros(n, dtype=logprobs.dtype, device=logprobs.device).index_add_(
+        0, ids.reshape(-1), log_ratio.detach().reshape(-1)
+    )
+    cnts = torch.zeros(n, dtype=logprobs.dtype, device=logprobs.device).index_add_(
+        0, ids.reshape(-1), m.reshape(-1)
+    )
+    seq_log = (sums / cnts.clamp_min(1.0))[ids] * m  # (B, T): each token's response mean log-ratio
+    token_log = seq_log + (logprobs - logprobs.detach()) * m
+    ratio = torch.exp(token_log.clamp(max=20.0))  # (B, T), value s of its response
+    pg = -torch.minimum(ratio * advantages, ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages)
+    with torch.no_grad():
+        low = (ratio < 1.0 - clip_low) & (advantages < 0)
+        high = (ratio > 1.0 + clip_high) & (advantages > 0)
+    return Surrogate(pg, ratio.detach(), low, high)
+
+
+def cispo_surrogate(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    seq_index: torch.Tensor | None = None,
+    turn_index: torch.Tensor | None = None,
+) -> Surrogate:
+    """CISPO (MiniMax 2025, "MiniMax-M1", arXiv:2506.13585, eq. 4):
+    ``l = -sg(clip(r, 1-clip_low, 1+clip_high)) * A * logprobs``.
+
+    The importance weight is clipped and detached instead of the update: every token keeps a
+    REINFORCE gradient ``-w * A * grad log p`` (PPO's clip zeroes the gradient of tokens whose ratio
+    left the trust region, often the rare "fork" tokens). The loss value is ``-w*A*logprobs``, not a
+    ratio; only its gradient is meaningful.
+    """
+    log_ratio = (logprobs - old_logprobs).detach() * mask  # (B, T)
+    ratio = torch.exp(log_ratio.clamp(max=20.0))  # (B, T)
+    w = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    pg = -w * advantages * logprobs
+    return Surrogate(pg, ratio, ratio < 1.0 - clip_low, ratio > 1.0 + clip_high)
+
+
+SURROGATES: dict[str, Callable[..., Surrogate]] = {
+    "ppo_clip": ppo_clip_surrogate,
+    "gspo": gspo_surrogate,
+    "cispo": cispo_surrogate,
+}
+
+
 def policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -174,6 +307,7 @@ def policy_loss(
     norm_len: int | None = None,
     token_weights: torch.Tensor | None = None,
     is_weights: torch.Tensor | None = None,
+    loss: PolicyLossKind = "ppo_clip",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped-surrogate policy loss with KL, aggregated per ``agg``; returns ``(loss, metrics)``.
 
@@ -184,7 +318,9 @@ def policy_loss(
     exploding ratio on a bad token cannot dominate). ``is_weights`` ``(B, T)`` (see
     :func:`truncated_is_weights`) multiply the policy-gradient term. ``token_weights`` ``(B, T)``
     override ``agg`` (precomputed over a whole mini-batch with :func:`aggregation_weights` when the
-    batch is split into micro-batches).
+    batch is split into micro-batches). ``loss`` picks the policy-gradient term from
+    :data:`SURROGATES` (``ppo_clip`` above; ``gspo``: :func:`gspo_surrogate`; ``cispo``:
+    :func:`cispo_surrogate`); ``dual_clip`` applies to ``ppo_clip`` only.
 
     Metrics (floats, over masked tokens): ``pg_loss``, ``kl``, ``clip_frac`` (either side),
     ``clip_frac_low`` / ``clip_frac_high`` (ratio clipped with the gradient cut), ``dual_clip_frac``,
@@ -194,13 +330,23 @@ def policy_loss(
     if advantages.dim() == 1:
         advantages = advantages.view(-1, 1).expand_as(logprobs)
     advantages = advantages.to(logprobs.dtype)
-    log_ratio = (logprobs - old_logprobs) * mask  # (B, T); 0 off-mask keeps exp finite
-    ratio = torch.exp(log_ratio.clamp(max=20.0))  # (B, T)
-    surr1 = ratio * advantages
-    surr2 = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
-    pg = -torch.minimum(surr1, surr2)  # (B, T)
+    if loss not in SURROGATES:
+        raise ValueError(f"unknown policy loss {loss!r}; use one of {sorted(SURROGATES)}")
+    surrogate = SURROGATES[loss](
+        logprobs,
+        old_logprobs,
+        advantages,
+        mask,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        seq_index=seq_index,
+        turn_index=turn_index,
+    )
+    pg, ratio = surrogate.pg, surrogate.ratio  # (B, T)
     dual_hit = torch.zeros_like(mask, dtype=torch.bool)
     if dual_clip is not None:
+        if loss != "ppo_clip":
+            raise ValueError(f"dual_clip applies to loss='ppo_clip' only, not {loss!r}; set it to None")
         if dual_clip <= 1.0:
             raise ValueError(f"dual_clip must be > 1 (typically 3), got {dual_clip}")
         bound = -dual_clip * advantages  # positive where A < 0
@@ -219,7 +365,7 @@ def policy_loss(
         token_weights = aggregation_weights(
             mask, agg, seq_index=seq_index, turn_index=turn_index, norm_len=norm_len
         )
-    loss = (per_token * token_weights.to(per_token.dtype) * mask).sum()
+    total = (per_token * token_weights.to(per_token.dtype) * mask).sum()
 
     with torch.no_grad():
         on = mask > 0
@@ -227,9 +373,7 @@ def policy_loss(
         metrics: dict[str, float] = {"tokens": float(n)}
         if n:
             r = ratio[on]
-            a = advantages[on]
-            low = (r < 1.0 - clip_low) & (a < 0)
-            high = (r > 1.0 + clip_high) & (a > 0)
+            low, high = surrogate.clipped_low[on], surrogate.clipped_high[on]
             metrics.update(
                 pg_loss=float(pg[on].mean()),
                 clip_frac_low=float(low.float().mean()),
@@ -246,7 +390,7 @@ def policy_loss(
                 metrics["kl"] = float(kl_penalty(logprobs, ref_logprobs, kl_estimator)[on].mean())
             if is_weights is not None:
                 metrics["is_weight_mean"] = float(is_weights[on].mean())
-    return loss, metrics
+    return total, metrics
 
 
 def sft_loss(
@@ -262,11 +406,17 @@ def sft_loss(
 
 __all__ = [
     "AGGREGATIONS",
+    "SURROGATES",
     "Aggregation",
     "KLEstimator",
+    "PolicyLossKind",
+    "Surrogate",
     "aggregation_weights",
+    "cispo_surrogate",
+    "gspo_surrogate",
     "kl_penalty",
     "policy_loss",
+    "ppo_clip_surrogate",
     "sft_loss",
     "truncated_is_weights",
 ]

@@ -404,6 +404,9 @@ class Trainer:
                 kl_estimator=a.kl_estimator,
                 token_weights=mb.token_weights,
                 is_weights=is_w,
+                loss=a.loss,
+                seq_index=mb.seq_index,
+                turn_index=mb.turn_index,
             )
             if self.critic is not None:  # PPO: + vf_coef * clipped value loss
                 v_loss, vm = self.critic.loss(mb, mb_action_tokens)

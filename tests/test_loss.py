@@ -161,3 +161,101 @@ def test_truncated_importance_sampling():
 def test_sft_loss_is_token_mean_negative_logprob():
     logprobs = torch.tensor([[-1.0, -2.0, -5.0]])
     assert sft_loss(logprobs, torch.tensor([[1.0, 1.0, 0.0]])).item() == pytest.approx(1.5)
+
+
+# ------------------------------------------------------------------ GSPO and CISPO
+
+
+def two_turn_row():
+    """One packed row [prompt, a1, a2, obs, a3]: turn 0 = (a1, a2) with A = 1, turn 1 = (a3) with
+    A = -1. Log-ratios (logprobs - old) on the actions: 0.2, 0.0 | -0.4; the observation token's
+    logprob is garbage (5.0) and must not count."""
+    logprobs = torch.tensor([[0.0, -1.0, -2.0, 5.0, -0.5]])
+    old = logprobs - torch.tensor([[0.0, 0.2, 0.0, 0.0, -0.4]])
+    adv = torch.tensor([[0.0, 1.0, 1.0, 0.0, -1.0]])
+    mask = torch.tensor([[0.0, 1.0, 1.0, 0.0, 1.0]])
+    turn = torch.tensor([[0, 0, 0, 1, 1]])
+    return logprobs, old, adv, mask, turn
+
+
+def test_gspo_one_ratio_per_turn_over_action_tokens_only():
+    logprobs, old, adv, mask, turn = two_turn_row()
+    logprobs.requires_grad_(True)
+    loss, m = policy_loss(logprobs, old, adv, mask, clip_low=0.2, clip_high=0.2, turn_index=turn, loss="gspo")
+    s0, s1 = math.exp(0.1), math.exp(-0.4)  # turn 0: mean(0.2, 0.0); turn 1: -0.4
+    # turn 0 inside [0.8, 1.2]: -s0 per token; turn 1: -min(-s1, -0.8) = 0.8 (clipped, no gradient)
+    assert loss.item() == pytest.approx((-2 * s0 + 0.8) / 3, rel=1e-6)
+    assert m["ratio_max"] == pytest.approx(s0) and m["ratio_min"] == pytest.approx(s1)
+    assert m["clip_frac_low"] == pytest.approx(1 / 3)
+    loss.backward()
+    # every token of turn 0 gets the sequence ratio's gradient s0 * A / 3
+    assert logprobs.grad[0].tolist() == pytest.approx([0.0, -s0 / 3, -s0 / 3, 0.0, 0.0], rel=1e-6)
+
+
+def test_gspo_clips_the_whole_turn_together():
+    logprobs, old, adv, mask, turn = two_turn_row()
+    logprobs.requires_grad_(True)
+    loss, _ = policy_loss(logprobs, old, adv, mask, clip_low=0.2, clip_high=0.05, turn_index=turn, loss="gspo")
+    assert loss.item() == pytest.approx((-2 * 1.05 + 0.8) / 3, rel=1e-6)  # s0 = 1.105 > 1.05
+    loss.backward()
+    assert logprobs.grad.abs().sum().item() == 0.0
+    # the token-level clip cuts only a1 (ratio 1.22), a2 (ratio 1) keeps its gradient
+    lp2 = logprobs.detach().clone().requires_grad_(True)
+    loss, _ = policy_loss(lp2, old, adv, mask, clip_low=0.2, clip_high=0.05, turn_index=turn)
+    loss.backward()
+    assert lp2.grad[0].tolist() == pytest.approx([0.0, 0.0, -1 / 3, 0.0, 0.0])
+
+
+def test_gspo_without_turn_index_is_one_ratio_per_row():
+    logprobs = torch.tensor([[0.0, 0.3, 0.1], [0.0, 0.0, -0.2]])
+    mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 1.0]])
+    adv = torch.tensor([1.0, 1.0])
+    loss, _ = policy_loss(logprobs, torch.zeros(2, 3), adv, mask, clip_high=1.0, loss="gspo")
+    assert loss.item() == pytest.approx(-(2 * math.exp(0.2) + 2 * math.exp(-0.1)) / 4, rel=1e-6)
+
+
+def test_cispo_clipped_detached_weight_on_reinforce():
+    logprobs, old, adv, mask, turn = two_turn_row()
+    logprobs.requires_grad_(True)
+    loss, m = policy_loss(logprobs, old, adv, mask, clip_low=0.2, clip_high=0.2, turn_index=turn, loss="cispo")
+    # weights clip(r): a1 exp(.2)=1.221 -> 1.2, a2 1, a3 exp(-.4)=.670 -> .8 ; l = -w * A * logprob
+    assert loss.item() == pytest.approx((1.2 * 1.0 + 2.0 - 0.8 * 0.5) / 3, rel=1e-6)
+    assert m["clip_frac_high"] == pytest.approx(1 / 3) and m["clip_frac_low"] == pytest.approx(1 / 3)
+    loss.backward()
+    # no token loses its gradient: -w * A / 3
+    assert logprobs.grad[0].tolist() == pytest.approx([0.0, -1.2 / 3, -1 / 3, 0.0, 0.8 / 3], rel=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["gspo", "cispo"])
+def test_sequence_losses_stay_exact_across_micro_batches(kind):
+    torch.manual_seed(0)
+    logprobs = -torch.rand(3, 6)
+    old = logprobs + 0.1 * torch.randn(3, 6)
+    adv = torch.tensor([1.0, -0.5, 2.0])
+    mask = torch.tensor([[0, 1, 1, 0, 1, 1], [0, 0, 1, 1, 1, 0], [0, 1, 1, 1, 1, 1]], dtype=torch.float32)
+    turn = torch.tensor([[0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0], [1, 1, 2, 2, 3, 3]])  # a turn never spans rows
+    seq = torch.tensor([0, 1, 1])
+    w = aggregation_weights(mask, "turn_mean", seq_index=seq, turn_index=turn)
+    full, _ = policy_loss(logprobs, old, adv, mask, token_weights=w, seq_index=seq, turn_index=turn, loss=kind)
+    parts = sum(
+        policy_loss(
+            logprobs[i : i + 1],
+            old[i : i + 1],
+            adv[i : i + 1],
+            mask[i : i + 1],
+            token_weights=w[i : i + 1],
+            seq_index=seq[i : i + 1],
+            turn_index=turn[i : i + 1],
+            loss=kind,
+        )[0]
+        for i in range(3)
+    )
+    assert parts.item() == pytest.approx(full.item(), rel=1e-6)
+
+
+def test_unknown_loss_and_dual_clip_outside_ppo_clip_are_errors():
+    x = torch.zeros(1, 2)
+    with pytest.raises(ValueError, match="unknown policy loss 'gpso'"):
+        policy_loss(x, x, x, torch.ones(1, 2), loss="gpso")
+    with pytest.raises(ValueError, match="dual_clip applies to loss='ppo_clip' only"):
+        policy_loss(x, x, x, torch.ones(1, 2), loss="gspo", dual_clip=3.0)
