@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from flowgrpo.lora import LoraSpec
+from flowgrpo.agentflow.config import AgentConfig
 from flowgrpo.rewards import RewardSpec
 from flowgrpo.rollout import RolloutConfig
 
@@ -212,6 +213,7 @@ class TrainConfig(_Section):
     train: TrainSection = Field(default_factory=TrainSection)
     run: RunSection = Field(default_factory=RunSection)
     sft: SFTSection = Field(default_factory=SFTSection)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
@@ -350,6 +352,7 @@ def dump_config(cfg: TrainConfig, path: str | Path) -> None:
 
 
 __all__ = [
+    "AgentConfig",
     "AlgorithmConfig",
     "ConfigError",
     "EnvConfig",

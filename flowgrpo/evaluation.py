@@ -163,7 +163,7 @@ def evaluate(
     # its keys/values between turns. One wave of 500 episodes would queue later turns behind first
     # turns until the prefix cache had evicted them, re-prefilling every context (measured: 64
     # episodes 51 s, 200 episodes > 4 min on 2 CPU cores).
-    engine = RolloutEngine(backend, parts.tokenizer, cfg)
+    engine = RolloutEngine(backend, parts.tokenizer, cfg, agent=parts.agent)
     per_wave = max(1, (cfg.max_batch_size or backend.max_batch_size) // samples)
     groups: list[TrajectoryGroup] = []
     try:

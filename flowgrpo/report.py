@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from flowgrpo.agentflow.render import flow_html
 from flowgrpo.evaluation import EvalResult
 from flowgrpo.parsing import extract_answer
 from flowgrpo.replay import load_tokenizer_for_run
@@ -361,7 +362,9 @@ def trajectory_html(traj: Trajectory, tokenizer: Any | None, *, scale: float, st
             f'<div class="turn"><div class="tmeta">turn {k + 1} · prompt {len(turn.prompt_ids)} tok · action '
             f"{len(turn.action_ids)} tok · reward {turn.reward:+.3f} · advantage {adv_s} · "
             f"{e(turn.finish_reason)}{' · context reset' if turn.resets_context else ''}</div>"
-            f'<div class="tokens">{ctx}{act}</div>{"".join(msgs)}</div>'
+            f'<div class="tokens">{ctx}{act}</div>{"".join(msgs)}'
+            + (flow_html(turn.metadata["flow"]) if isinstance(turn.metadata.get("flow"), dict) else "")
+            + "</div>"
         )
     ans = (
         f'<div class="final">final answer: <span class="answer">{e(answer)}</span></div>'
@@ -369,6 +372,8 @@ def trajectory_html(traj: Trajectory, tokenizer: Any | None, *, scale: float, st
         else '<div class="final">no final answer</div>'
     )
     err = f'<div class="err">{e(str(traj.metadata["error"]))}</div>' if traj.metadata.get("error") else ""
+    if isinstance(traj.metadata.get("flow"), dict):
+        ans += flow_html(traj.metadata["flow"])
     return f'<section class="traj" data-traj-id="{e(traj.id)}">{head}{err}{"".join(rows)}{ans}</section>'
 
 

@@ -241,6 +241,18 @@ Actor = Callable[[list[int], int, list[Message]], Awaitable[GenerationResult]]
 """``(context_ids, max_new_tokens, conversation) -> GenerationResult``: one policy action."""
 
 
+@runtime_checkable
+class EpisodeAgent(Protocol):
+    """An episode loop other than the plain tool agent's (e.g. :class:`flowgrpo.agentflow.FlowAgent`):
+    it fills ``traj`` (turns, termination, metadata) for ``task`` in ``env``, sampling the policy's
+    actions through ``act`` (so they join the engine's batching); an exception it raises ends the
+    episode with ``Termination.error``."""
+
+    async def run_episode(
+        self, env: Environment, task: Task, act: Actor, traj: Trajectory, rollout: RolloutConfig
+    ) -> None: ...
+
+
 class RolloutEngine:
     """Runs groups of episodes against a backend.
 
@@ -248,14 +260,21 @@ class RolloutEngine:
         backend: a :class:`~flowgrpo.backends.base.RolloutBackend` (None only for text policies).
         tokenizer: the policy's tokenizer (its chat template renders the conversation).
         config: limits and sampling.
+        agent: runs each episode instead of the plain tool loop (None: the tool agent).
     """
 
     def __init__(
-        self, backend: RolloutBackend | None, tokenizer: Any, config: RolloutConfig | None = None
+        self,
+        backend: RolloutBackend | None,
+        tokenizer: Any,
+        config: RolloutConfig | None = None,
+        *,
+        agent: EpisodeAgent | None = None,
     ) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
         self.config = config or RolloutConfig()
+        self.agent = agent
         self.last_batch_sizes: list[int] = []
 
     # ------------------------------------------------------------------ public API
@@ -389,6 +408,10 @@ class RolloutEngine:
             env.tool_timeout_s = cfg.tool_timeout_s
             chat = ChatFormat(self.tokenizer, tools=list(env.tools), parser=env.parser)
             act = make_actor(chat)
+            if self.agent is not None:
+                await self.agent.run_episode(env, task, act, traj, cfg)
+                traj.metadata["wall_s"] = round(time.monotonic() - t0, 4)
+                return traj
             opening = await env.reset(task)
             messages = chat.prompt_messages(opening, env.system_prompt)
             history: list[Message] = list(messages)  # as rendered (observations converted)
@@ -546,4 +569,4 @@ def run_text_policy(*args: Any, **kwargs: Any) -> list[TrajectoryGroup]:
     return asyncio.run(rollout_text_policy(*args, **kwargs))
 
 
-__all__ = ["RolloutConfig", "RolloutEngine", "TextPolicy", "rollout_text_policy", "run_text_policy"]
+__all__ = ["Actor", "EpisodeAgent", "RolloutConfig", "RolloutEngine", "TextPolicy", "rollout_text_policy", "run_text_policy"]

@@ -172,7 +172,7 @@ class Trainer:
         # The KL anchor: skipped entirely (no copy, no forward) when kl_coef is 0.
         self.ref_model = frozen_reference(self.model) if cfg.algorithm.kl_coef > 0 else None
         self.critic = critic_of(cfg, self.model, parts.autocast)  # PPO's value model; None for group baselines
-        self.engine = RolloutEngine(parts.backend, parts.tokenizer, cfg.rollout)
+        self.engine = RolloutEngine(parts.backend, parts.tokenizer, cfg.rollout, agent=parts.agent)
         self.optimizer = adamw(
             self.model, lr=cfg.train.lr, betas=cfg.train.betas, weight_decay=cfg.train.weight_decay
         )

@@ -73,6 +73,7 @@ class Termination(str, Enum):
     max_tokens = "max_tokens"  # the last action hit the per-turn new-token limit without finishing
     context_overflow = "context_overflow"  # the next prompt would not fit the context budget
     error = "error"  # the environment or a tool raised; the message is in metadata["error"]
+    verifier_stop = "verifier_stop"  # the flow agent's verifier judged the memory enough (docs/agentflow.md)
 
 
 class Task(_Model):
@@ -164,8 +165,15 @@ class Trajectory(_Model):
 
     @property
     def final_message(self) -> Message | None:
-        """The last action of the episode (where the final answer normally is)."""
-        return self.turns[-1].action if self.turns else None
+        """Where the final answer is: the last action of the episode, or the last observation of the
+        last turn when that is an assistant message (a frozen module that answered after the last
+        action: the flow agent's generator)."""
+        if not self.turns:
+            return None
+        last = self.turns[-1]
+        if last.observations and last.observations[-1].role == "assistant":
+            return last.observations[-1]
+        return last.action
 
 
 class TrajectoryGroup(_Model):
