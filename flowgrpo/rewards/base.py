@@ -10,20 +10,42 @@
   ``traj.reward_breakdown[name]`` (the unweighted value) and ``traj.reward`` (the weighted sum).
   ``await ascore_groups(groups)`` is the same inside an event loop; rewards that do I/O (the judge,
   code tests) run concurrently.
+
+A failing reward never kills a run. A reward that raises, returns :class:`Missing` (or ``None``),
+or returns something that is not a finite number (a string, a 5000-digit integer, NaN) leaves that
+episode without a reward: :class:`CompositeReward` sets ``traj.excluded = "reward:<name>: <why>"``,
+so the episode leaves its group's baseline and the update (:mod:`flowgrpo.advantages`), and the
+step's metrics count it (``episodes_excluded``, ``excluded/reward``). A group reward that raises
+marks its whole group.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from flowgrpo.aio import run_sync
 from flowgrpo.types import Task, Trajectory, TrajectoryGroup
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Missing:
+    """No reward for this episode (a failed judge call, an unreadable verifier reply), and why.
+    A reward returns it instead of a number; the episode is then excluded from training."""
+
+    reason: str
+
+
+Score = float | Missing
 
 
 @runtime_checkable
@@ -70,8 +92,12 @@ class Reward:
     async def ascore(self, traj: Trajectory, task: Task) -> float:
         return self.score(traj, task)
 
-    async def ascore_group(self, group: TrajectoryGroup) -> list[float]:
-        return list(await asyncio.gather(*(self.ascore(t, group.task) for t in group.trajectories)))
+    async def ascore_group(self, group: TrajectoryGroup) -> list[Score]:
+        """Every trajectory of ``group``; one that raises gets :class:`Missing`, the others their score."""
+        out = await asyncio.gather(
+            *(self.ascore(t, group.task) for t in group.trajectories), return_exceptions=True
+        )
+        return [_missing_from(r) if isinstance(r, BaseException) else r for r in out]
 
     async def ascore_groups(self, groups: Sequence[TrajectoryGroup]) -> list[list[float]]:
         """Several groups at once (a reward may share a resource across them, e.g. a concurrency limit)."""
@@ -121,12 +147,64 @@ def _is_group_fn(fn: Any) -> bool:
     return len(params) == 1
 
 
-async def _score_one_reward(fn: Any, groups: Sequence[TrajectoryGroup]) -> list[list[float]]:
+def _missing_from(e: BaseException) -> Missing:
+    if not isinstance(e, Exception):  # cancellation, KeyboardInterrupt: not a reward failure
+        raise e
+    return Missing(f"{type(e).__name__}: {e}"[:300])
+
+
+def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except Exception as e:
+        return _missing_from(e)
+
+
+async def _score_one_reward(fn: Any, groups: Sequence[TrajectoryGroup]) -> list[list[Any]]:
+    """Raw values (numbers, :class:`Missing`, or anything a user function returned) per trajectory;
+    never raises for a reward's own failure."""
     if isinstance(fn, Reward):
-        return await fn.ascore_groups(groups)
+        try:
+            return await fn.ascore_groups(groups)
+        except Exception:  # one failing group must not cost the others their scores
+            out = await asyncio.gather(*(fn.ascore_group(g) for g in groups), return_exceptions=True)
+            return [
+                [_missing_from(r)] * len(g.trajectories) if isinstance(r, BaseException) else r
+                for g, r in zip(groups, out, strict=True)
+            ]
     if _is_group_fn(fn):
-        return [list(map(float, fn(g))) for g in groups]
-    return [[float(fn(t, g.task)) for t in g.trajectories] for g in groups]
+        out = [_call(fn, g) for g in groups]
+        return [
+            [r] * len(g.trajectories) if isinstance(r, Missing) else r
+            for g, r in zip(groups, out, strict=True)
+        ]
+    return [[_call(fn, t, g.task) for t in g.trajectories] for g in groups]
+
+
+def _short_repr(value: Any) -> str:
+    """``type value`` cut to 40 characters; a huge integer is described, not printed (``repr`` of
+    one over 4300 digits raises)."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"int of {value.bit_length()} bits"
+    try:
+        return f"{type(value).__name__} {repr(value)[:40]}"
+    except Exception:
+        return type(value).__name__
+
+
+def as_score(value: Any) -> Score:
+    """A reward's return value as a finite float, or :class:`Missing` saying why it is not one."""
+    if isinstance(value, Missing):
+        return value
+    if value is None:
+        return Missing("returned None")
+    try:
+        x = float(value)
+    except (TypeError, ValueError, OverflowError) as e:
+        return Missing(f"not a number ({_short_repr(value)}: {type(e).__name__})")
+    if not math.isfinite(x):
+        return Missing(f"non-finite value {x}")
+    return x
 
 
 class CompositeReward:
@@ -155,20 +233,36 @@ class CompositeReward:
         }
 
     async def ascore_groups(self, groups: Sequence[TrajectoryGroup]) -> None:
+        """Score every trajectory; one whose reward failed is excluded (``traj.excluded``), with
+        the parts that did score kept in its breakdown and ``traj.reward`` 0."""
         parts = await asyncio.gather(*(_score_one_reward(self.fns[s.name], groups) for s in self.specs))
+        failed = 0
         for spec, values in zip(self.specs, parts, strict=True):
             for g, vs in zip(groups, values, strict=True):
-                if len(vs) != len(g.trajectories):
-                    raise ValueError(
-                        f"reward {spec.name!r} gave {len(vs)} values for {len(g.trajectories)} trajectories"
+                if not isinstance(vs, list) or len(vs) != len(g.trajectories):
+                    n = len(vs) if isinstance(vs, list) else type(vs).__name__
+                    vs = [Missing(f"gave {n} values for {len(g.trajectories)} trajectories")] * len(
+                        g.trajectories
                     )
                 for t, v in zip(g.trajectories, vs, strict=True):
-                    if not math.isfinite(v):
-                        raise ValueError(f"reward {spec.name!r} gave a non-finite value {v} for {t.id}")
-                    t.reward_breakdown[spec.name] = float(v)
+                    score = as_score(v)
+                    if isinstance(score, Missing):
+                        failed += 1
+                        if t.excluded is None:
+                            t.excluded = f"reward:{spec.name}: {score.reason}"
+                        log.warning("reward %r has no value for %s: %s", spec.name, t.id, score.reason)
+                        continue
+                    t.reward_breakdown[spec.name] = score
         for g in groups:
             for t in g.trajectories:
-                t.reward = float(sum(s.weight * t.reward_breakdown[s.name] for s in self.specs))
+                if all(s.name in t.reward_breakdown for s in self.specs):
+                    t.reward = float(sum(s.weight * t.reward_breakdown[s.name] for s in self.specs))
+                else:
+                    t.reward = 0.0
+        if failed:
+            log.warning(
+                "%d reward value(s) missing this batch: those episodes are excluded from training", failed
+            )
 
     def score_groups(self, groups: Sequence[TrajectoryGroup]) -> None:
         run_sync(self.ascore_groups(groups))

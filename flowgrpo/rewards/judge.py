@@ -2,7 +2,9 @@
 
 The judge is any OpenAI-compatible endpoint (through :meth:`flowgrpo.backends.openai.OpenAIBackend.chat`,
 the one HTTP client of the project: timeout, retries, a concurrency limit) or a local HF model. A
-failed call gives a logged fallback value, never a crash.
+failed call or a reply without a score never crashes a run: the episode gets no reward
+(:class:`~flowgrpo.rewards.base.Missing`, so it is excluded from training and counted), or a fixed
+``fallback`` value when one is configured.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any, Protocol
 
 from flowgrpo.aio import run_sync
 from flowgrpo.backends.openai import OpenAIBackend, OpenAIBackendError
-from flowgrpo.rewards.base import Reward
+from flowgrpo.rewards.base import Missing, Reward, Score
 from flowgrpo.types import Task, Trajectory, TrajectoryGroup
 
 log = logging.getLogger(__name__)
@@ -189,8 +191,10 @@ class JudgeReward(Reward):
     ``client`` is any object with ``async complete(messages) -> str``; build one with ``base_url``
     + ``model`` (OpenAI-compatible server) or pass ``hf_model`` (a name/path for
     :func:`flowgrpo.models.load_model`). At most ``max_concurrency`` calls run at once. A call that
-    fails (after the client's retries) or a reply without a parsable score gives ``fallback``, and
-    is logged and counted in ``self.failures``; training never crashes on a judge.
+    fails (after the client's retries) or a reply without a parsable score is logged, counted in
+    ``self.failures`` and gives :class:`~flowgrpo.rewards.base.Missing` (the episode leaves the
+    update and its group's baseline), or ``fallback`` when it is a number; training never crashes
+    on a judge.
     """
 
     def __init__(
@@ -206,7 +210,7 @@ class JudgeReward(Reward):
         timeout_s: float = 30.0,
         max_retries: int = 2,
         max_concurrency: int = 8,
-        fallback: float = 0.0,
+        fallback: float | None = None,
         max_transcript_chars: int = 6000,
     ) -> None:
         if client is None:
@@ -247,37 +251,33 @@ class JudgeReward(Reward):
         )
         return [{"role": "user", "content": text}]
 
-    async def _one(self, traj: Trajectory, task: Task, sem: asyncio.Semaphore) -> float:
+    def _failed(self, traj: Trajectory, why: str) -> Score:
+        self.failures += 1
+        if self.fallback is None:
+            log.warning("judge: %s for %s; the episode gets no reward", why, traj.id)
+            return Missing(f"judge: {why}")
+        log.warning("judge: %s for %s; using fallback %s", why, traj.id, self.fallback)
+        return self.fallback
+
+    async def _one(self, traj: Trajectory, task: Task, sem: asyncio.Semaphore) -> Score:
         self.calls += 1
         async with sem:
             try:
                 reply = await self.client.complete(self.render(traj, task))
             except Exception as e:
-                self.failures += 1
-                log.warning(
-                    "judge call failed for %s (%s: %s); using fallback %s",
-                    traj.id,
-                    type(e).__name__,
-                    e,
-                    self.fallback,
-                )
-                return self.fallback
+                return self._failed(traj, f"call failed ({type(e).__name__}: {e})")
         score = parse_score(reply)
         if score is None:
-            self.failures += 1
-            log.warning(
-                "judge reply for %s has no score (%r); using fallback %s", traj.id, reply[:120], self.fallback
-            )
-            return self.fallback
+            return self._failed(traj, f"reply has no score ({reply[:120]!r})")
         return score
 
-    async def ascore(self, traj: Trajectory, task: Task) -> float:
+    async def ascore(self, traj: Trajectory, task: Task) -> Score:
         return await self._one(traj, task, asyncio.Semaphore(self.max_concurrency))
 
-    async def ascore_group(self, group: TrajectoryGroup) -> list[float]:
+    async def ascore_group(self, group: TrajectoryGroup) -> list[Score]:
         return (await self.ascore_groups([group]))[0]
 
-    async def ascore_groups(self, groups: Sequence[TrajectoryGroup]) -> list[list[float]]:
+    async def ascore_groups(self, groups: Sequence[TrajectoryGroup]) -> list[list[Score]]:
         """All groups at once, sharing one concurrency limit."""
         sem = asyncio.Semaphore(self.max_concurrency)
         flat = await asyncio.gather(*(self._one(t, g.task, sem) for g in groups for t in g.trajectories))
@@ -287,5 +287,5 @@ class JudgeReward(Reward):
             i += len(g.trajectories)
         return out
 
-    def score(self, traj: Trajectory, task: Task) -> float:
+    def score(self, traj: Trajectory, task: Task) -> Score:
         return run_sync(self.ascore(traj, task))
