@@ -25,6 +25,7 @@ from flowgrpo.config import EnvConfig, TrainConfig
 from flowgrpo.env import Environment, Split
 from flowgrpo.hardware import resolve_autocast
 from flowgrpo.lora import apply_lora, is_lora
+from flowgrpo.lora import apply_lora, is_lora
 from flowgrpo.parsing import ActionParser
 from flowgrpo.rollout import EpisodeAgent
 from flowgrpo.types import Task, TrajectoryGroup
@@ -95,6 +96,8 @@ def build(
         model, tokenizer = load_policy(cfg)
     elif tokenizer is None:
         raise ValueError("pass the tokenizer together with the model")
+    if cfg.model.lora is not None and not is_lora(model):
+        model = apply_lora(model, cfg.model.lora)  # base frozen, adapters trainable
     if cfg.model.lora is not None and not is_lora(model):
         model = apply_lora(model, cfg.model.lora)  # base frozen, adapters trainable
     if env_factory is None:
@@ -178,6 +181,7 @@ def make_backend(cfg: TrainConfig, model: Any, tokenizer: Any, autocast: str | N
             timeout_s=s.timeout_s,
             max_retries=s.max_retries,
             max_concurrency=s.max_concurrency,
+            weight_sync_dir=s.weight_sync_dir,
         )
     from flowgrpo.backends.vllm import VLLMBackend, import_vllm
     from flowgrpo.models import local_model_dir

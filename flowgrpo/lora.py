@@ -135,6 +135,37 @@ def load_policy_state_dict(model: Any, state: dict[str, Any]) -> None:
     model.load_state_dict(state)
 
 
+def merged_state_dict(model: Any) -> dict[str, Any]:
+    """The state dict of the merged model (plain transformers names, ``W + (alpha / r) * B @ A``),
+    computed beside the policy: its own weights are not touched (merging and unmerging in place
+    would not give back the same floats)."""
+    from peft.tuners.lora import LoraLayer
+
+    inner = model.get_base_model()
+    deltas: dict[str, Any] = {}
+    for name, module in inner.named_modules():
+        if isinstance(module, LoraLayer):
+            active = [a for a in module.active_adapters if a in module.lora_A]
+            if active:
+                deltas[name] = sum(module.get_delta_weight(a) for a in active).detach()
+    out: dict[str, Any] = {}
+    for key, value in inner.state_dict().items():
+        if "lora_" in key:
+            continue
+        plain = key.replace(".base_layer.", ".")
+        owner, _, leaf = plain.rpartition(".")
+        out[plain] = value.detach() + deltas[owner] if leaf == "weight" and owner in deltas else value.detach()
+    return out
+
+
+def inference_state_dict(model: Any) -> dict[str, Any]:
+    """The weights a separate inference engine (vLLM, ``flowgrpo serve``) loads for this policy:
+    merged for a LoRA policy (the engine holds a plain model), the state dict otherwise."""
+    if is_lora(model):
+        return merged_state_dict(model)
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
 def merged_model(model: Any) -> Any:
     """A plain transformers model whose weights are ``W + (alpha / r) * B @ A`` (a copy: ``model``
     keeps its adapters); ``save_pretrained`` writes it as an ordinary HF model."""
@@ -150,7 +181,9 @@ __all__ = [
     "apply_lora",
     "is_lora",
     "load_policy_state_dict",
+    "inference_state_dict",
     "merged_model",
+    "merged_state_dict",
     "policy_state_dict",
     "reference_mode",
 ]

@@ -407,7 +407,7 @@ class RolloutEngine:
             traj.env = env.name
             env.tool_timeout_s = cfg.tool_timeout_s
             chat = ChatFormat(self.tokenizer, tools=list(env.tools), parser=env.parser)
-            act = make_actor(chat)
+            act = _recording_version(make_actor(chat), traj)
             if self.agent is not None:
                 await self.agent.run_episode(env, task, act, traj, cfg)
                 traj.metadata["wall_s"] = round(time.monotonic() - t0, 4)
@@ -496,6 +496,24 @@ class RolloutEngine:
 
 
 # ---------------------------------------------------------------------- text policies
+def _recording_version(act: Actor, traj: Trajectory) -> Actor:
+    """``act`` that sets ``traj.policy_version`` to the oldest version a backend reports for the
+    episode's actions (a served policy may load new weights between turns); a backend that reports
+    none leaves the engine's version."""
+    reported = False
+
+    async def recorded(ids: list[int], limit: int, conv: list[Message]) -> GenerationResult:
+        nonlocal reported
+        res = await act(ids, limit, conv)
+        if res.policy_version is not None:
+            v = res.policy_version
+            traj.policy_version = v if not reported else min(traj.policy_version, v)
+            reported = True
+        return res
+
+    return recorded
+
+
 def _text_actor(policy: TextPolicy) -> Callable[[ChatFormat], Actor]:
     def make(chat: ChatFormat) -> Actor:
         eot = chat.end_of_turn_ids[0] if chat.end_of_turn_ids else None

@@ -13,6 +13,11 @@ server the ``openai`` backend is tested against. It speaks the vLLM dialect for 
   carries ``token_ids`` (the sampled ids, stop token included).
 - ``POST /v1/chat/completions``: ``messages`` rendered with the model's chat template (text mode,
   for evaluation and judging).
+- ``POST /v1/load_weights`` ``{"path": FILE, "version": N}``: the trainer's weight sync
+  (:mod:`flowgrpo.weightsync`): the safetensors file's tensors are copied into the served model
+  between requests (requests in flight finish on the old weights; new ones wait for the copy).
+  Every completion reports the ``policy_version`` that sampled it (0 until the first load), at the
+  top level and on each choice.
 
 Requests are served by a thread each and decoded one call at a time (the model is shared); a
 request with several prompts is decoded as one batch. This is a development and test server, not
@@ -26,10 +31,13 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from flowgrpo.backends.base import SamplingParams
+from flowgrpo.weightsync import WeightSyncError, load_weights
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +72,8 @@ class FlowGRPOServer(ThreadingHTTPServer):
         self.model_name = model_name
         eos = tokenizer.eos_token_id
         self.default_stop = [int(eos)] if eos is not None else []
+        self.policy_version = 0
+        self.weights_lock = ReadWriteLock()
 
     @property
     def url(self) -> str:
@@ -92,7 +102,9 @@ class FlowGRPOServer(ThreadingHTTPServer):
         n = int(body.get("n", 1))
         ids = [p for p in ids for _ in range(n)]
         params = _params(body, self.default_stop)
-        results = self.backend.generate_sync(ids, params)
+        with self.weights_lock.reading():
+            version = self.policy_version
+            results = self.backend.generate_sync(ids, params)
         want_lp = body.get("logprobs") is not None
         as_ids = bool(body.get("return_tokens_as_token_ids"))
         choices = []
@@ -103,6 +115,7 @@ class FlowGRPOServer(ThreadingHTTPServer):
                 "finish_reason": r.finish_reason,
                 "token_ids": r.token_ids,
                 "logprobs": None,
+                "policy_version": version,
             }
             if want_lp:
                 tokens = (
@@ -117,6 +130,7 @@ class FlowGRPOServer(ThreadingHTTPServer):
             "object": "text_completion",
             "created": int(time.time()),
             "model": self.model_name,
+            "policy_version": version,
             "choices": choices,
             "usage": {
                 "prompt_tokens": sum(len(p) for p in ids),
@@ -135,7 +149,9 @@ class FlowGRPOServer(ThreadingHTTPServer):
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         n = int(body.get("n", 1))
         params = _params(body, self.default_stop)
-        results = self.backend.generate_sync([ids] * n, params)
+        with self.weights_lock.reading():
+            version = self.policy_version
+            results = self.backend.generate_sync([ids] * n, params)
         choices = [
             {
                 "index": i,
@@ -152,12 +168,66 @@ class FlowGRPOServer(ThreadingHTTPServer):
             "object": "chat.completion",
             "created": int(time.time()),
             "model": self.model_name,
+            "policy_version": version,
             "choices": choices,
             "usage": {
                 "prompt_tokens": len(ids) * n,
                 "completion_tokens": sum(len(r.token_ids) for r in results),
             },
         }
+
+
+    def load_weights(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Copy the trainer's weights file into the served model and adopt its version."""
+        path, version = body.get("path"), body.get("version")
+        if not isinstance(path, str) or not isinstance(version, int) or isinstance(version, bool):
+            raise _BadRequest("'path' (a safetensors file) and 'version' (an integer) are required")
+        with self.weights_lock.writing():
+            try:
+                n = load_weights(self.backend.model, path)
+            except WeightSyncError as e:
+                raise _BadRequest(str(e)) from e
+            self.backend.sync_weights(self.backend.model, version=version)  # drops cached prefixes
+            self.policy_version = version
+        log.info("loaded policy version %d from %s (%d tensors)", version, path, n)
+        return {"policy_version": version, "tensors": n}
+
+
+class ReadWriteLock:
+    """Many readers (completion requests) or one writer (a weight load) at a time; a waiting writer
+    holds back new readers, so a load is not starved by a stream of requests."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._readers = 0
+        self._writer = False
+        self._writers_waiting = 0
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        with self._cv:
+            self._cv.wait_for(lambda: not self._writer and not self._writers_waiting)
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._readers -= 1
+                self._cv.notify_all()
+
+    @contextmanager
+    def writing(self) -> Iterator[None]:
+        with self._cv:
+            self._writers_waiting += 1
+            self._cv.wait_for(lambda: not self._writer and not self._readers)
+            self._writers_waiting -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._writer = False
+                self._cv.notify_all()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -204,6 +274,7 @@ class _Handler(BaseHTTPRequestHandler):
         route = {
             "/v1/completions": self.server.completions,
             "/v1/chat/completions": self.server.chat_completions,
+            "/v1/load_weights": self.server.load_weights,
         }
         fn = route.get(self.path.rstrip("/"))
         if fn is None:

@@ -65,6 +65,7 @@ from flowgrpo.env import Environment, Split
 from flowgrpo.evaluation import EvalResult, evaluate, record_evaluation
 from flowgrpo.logprobs import action_logprobs
 from flowgrpo.lora import is_lora, reference_mode
+from flowgrpo.lora import is_lora, reference_mode
 from flowgrpo.loss import policy_loss, truncated_is_weights
 from flowgrpo.metrics import MetricsLogger, rollout_stats
 from flowgrpo.optim import adamw
@@ -284,7 +285,8 @@ class Trainer:
         t1 = time.monotonic()
         upd = self.update(trajs)
         if upd["optimizer_steps"]:
-            self.parts.backend.sync_weights(self.model)  # the next rollout samples the updated policy
+            # the next rollout samples the updated policy: version step + 1
+            self.parts.backend.sync_weights(self.model, version=self.step + 1)
         t_update = time.monotonic() - t1
         with warnings.catch_warnings():  # a step whose update was skipped still advances the schedule
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
@@ -531,7 +533,7 @@ class Trainer:
                 self.ref_model.load_state_dict(data.state["extra"]["ref_model"])
             elif data.reference is not None:
                 load_reference(self.ckpt_root, data.reference, self.ref_model)
-        self.parts.backend.sync_weights(self.model)
+        self.parts.backend.sync_weights(self.model, version=self.step)
         log.info("resumed from %s at step %d", data.path, self.step)
         return True
 

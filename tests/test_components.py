@@ -170,3 +170,28 @@ def test_evaluate_run_builds_no_trainer(tmp_path, monkeypatch):
     res = evaluate_run(cfg, n=3, checkpoint="untrained", label="untrained", record=True)
     assert res.n == 3 and res.label == "untrained" and res.step == 0
     assert RunDir(cfg.run.output_dir).find_eval("untrained").n == 3
+
+
+def test_served_policy_receives_the_trainers_weights_and_reports_its_version(tmp_path, served, caplog):
+    """rollout.server.weight_sync_dir: every update is pushed to flowgrpo serve, whose completions
+    report the version that sampled them; the trajectories record it."""
+    cfg = config(
+        tmp_path,
+        "rollout.backend=openai",
+        f"rollout.server.base_url={served.url}/v1",
+        f"rollout.server.weight_sync_dir={tmp_path / 'sync'}",
+        "train.steps=3",
+        "train.drop_zero_variance_groups=false",  # an update (and a push) every step
+        "algorithm.tis=token",
+    )
+    tr = Trainer(cfg, env_factory=OneTurnEnv, reward=reward())
+    with caplog.at_level(logging.WARNING, logger="flowgrpo.backends.openai"):
+        tr.train()
+    assert "keeps its own weights" not in caplog.text
+    assert served.policy_version == tr.parts.backend.policy_version == 3
+    served_state = served.backend.model.state_dict()
+    for k, v in tr.model.state_dict().items():
+        assert torch.equal(v, served_state[k]), k
+    for step in (1, 2, 3):  # the trajectories of step t were sampled by version t - 1
+        assert {t.policy_version for t in RunDir(cfg.run.output_dir).trajectories(step)} == {step - 1}
+    assert [p.name for p in (tmp_path / "sync").iterdir()] == ["policy_v000003.safetensors"]

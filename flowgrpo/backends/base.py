@@ -36,6 +36,9 @@ class GenerationResult(BaseModel):
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: Literal["stop", "length"]
+    policy_version: int | None = None
+    """The version of the weights that sampled it, when the backend knows (a served policy reports
+    it with every completion); None: the trainer's current policy."""
 
 
 def prompt_limits(params: SamplingParams, n_prompts: int, max_new_tokens: Sequence[int] | None) -> list[int]:
@@ -57,8 +60,10 @@ class RolloutBackend(Protocol):
     - ``generate``: one result per prompt, same order; ``max_new_tokens`` caps prompts one by one
       (the engine uses it to stay inside each episode's context budget), never above
       ``params.max_new_tokens``.
-    - ``sync_weights(model)``: the trainer calls it after every update so that the next rollout
-      samples from the new policy (a no-op for a backend that shares the trainer's model object).
+    - ``sync_weights(model, version=)``: the trainer calls it after every update so that the next
+      rollout samples from the new policy (a no-op for a backend that shares the trainer's model
+      object); ``version`` numbers that policy (the trainer's step count), and a backend that reports
+      versions returns it as ``GenerationResult.policy_version`` for what the new weights sample.
     - ``clear_prefix_cache()``: the episodes of a rollout are over; free what was kept for them.
     """
 
@@ -73,7 +78,7 @@ class RolloutBackend(Protocol):
         max_new_tokens: Sequence[int] | None = None,
     ) -> list[GenerationResult]: ...
 
-    def sync_weights(self, model: Any) -> None: ...
+    def sync_weights(self, model: Any, *, version: int | None = None) -> None: ...
 
     def clear_prefix_cache(self) -> None: ...
 
@@ -85,7 +90,7 @@ class BackendBase:
     max_batch_size: int = 64
     continuous_batching: bool = False
 
-    def sync_weights(self, model: Any) -> None:
+    def sync_weights(self, model: Any, *, version: int | None = None) -> None:
         """Nothing to push: this backend samples from the trainer's model object itself."""
 
     def clear_prefix_cache(self) -> None:
@@ -103,6 +108,11 @@ class ServerConfig(BaseModel):
     timeout_s: float = Field(120.0, gt=0)
     max_retries: int = Field(3, ge=0)
     max_concurrency: int = Field(32, ge=1)
+    weight_sync_dir: str | None = Field(
+        None,
+        description="push the trainer's weights to the server after every update through this directory "
+        "(both must read it; flowgrpo serve's /v1/load_weights); null: the server keeps its own weights",
+    )
 
 
 class VLLMConfig(BaseModel):

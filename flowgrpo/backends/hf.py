@@ -271,7 +271,7 @@ class HFBackend(BackendBase):
             "prefix_hit_tokens": 0,  # prompt tokens whose keys/values came from the prefix cache
         }
 
-    def sync_weights(self, model: Any) -> None:
+    def sync_weights(self, model: Any, *, version: int | None = None) -> None:
         """Adopt ``model`` if it is a different object; cached prefixes are dropped either way."""
         if model is not None and model is not self.model:
             self.model = model

@@ -46,6 +46,9 @@ class OpenAIBackend(BackendBase):
         max_retries: retries after the first attempt (transport errors, 429, 5xx).
         max_concurrency: requests in flight at once.
         max_batch_size: what the rollout scheduler may send in one ``generate`` call.
+        weight_sync_dir: where :meth:`sync_weights` writes the trainer's weights for the server to
+            load (``flowgrpo serve``'s ``/v1/load_weights``; a directory both can read); None: the
+            server keeps its own weights.
     """
 
     def __init__(
@@ -59,6 +62,7 @@ class OpenAIBackend(BackendBase):
         backoff_s: float = 0.5,
         max_concurrency: int = 32,
         max_batch_size: int = 256,
+        weight_sync_dir: str | None = None,
     ) -> None:
         base = base_url.rstrip("/")
         self.base_url = base if base.endswith("/v1") else base + "/v1"
@@ -72,10 +76,20 @@ class OpenAIBackend(BackendBase):
         self._sem: asyncio.Semaphore | None = None
         self._warned_stale = False
         self._sem_loop: Any = None
+        self.weight_sync_dir = weight_sync_dir
+        self.policy_version: int | None = None  # the last version the server confirmed loading
 
-    def sync_weights(self, model: Any) -> None:
-        """A remote server owns its weights and this client cannot push them: after the first update
-        the rollouts come from an older policy than the one trained. Said once, with the remedy."""
+    def sync_weights(self, model: Any, *, version: int | None = None) -> None:
+        """Push ``model``'s weights to the server: written to ``weight_sync_dir`` (a LoRA policy
+        merged), then ``POST /v1/load_weights {path, version}``; the server answers once it has
+        copied them, so the next completions sample the new policy and report ``version``.
+
+        Without ``weight_sync_dir`` the server keeps its own weights and this client cannot push
+        them: after the first update the rollouts come from an older policy than the one trained.
+        Said once, with the remedy."""
+        if self.weight_sync_dir is not None:
+            self._push_weights(model, (self.policy_version or 0) + 1 if version is None else version)
+            return
         if not self._warned_stale:
             self._warned_stale = True
             log.warning(
@@ -83,6 +97,36 @@ class OpenAIBackend(BackendBase):
                 "trained policy after the first update; algorithm.tis=token corrects the loss for it",
                 self.base_url,
             )
+
+    def _push_weights(self, model: Any, version: int) -> None:
+        import httpx
+
+        from flowgrpo.weightsync import write_weights
+
+        assert self.weight_sync_dir is not None
+        path = write_weights(model, self.weight_sync_dir, version)
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        try:
+            r = httpx.post(
+                self.base_url + "/load_weights",
+                json={"path": str(path.resolve()), "version": version},
+                headers=headers,
+                timeout=max(self.timeout_s, 600.0),
+            )
+        except httpx.TransportError as e:
+            raise OpenAIBackendError(f"weight sync to {self.base_url} failed: {type(e).__name__}: {e}") from e
+        if r.status_code != 200:
+            raise OpenAIBackendError(
+                f"weight sync to {self.base_url} failed: HTTP {r.status_code}: {r.text[:500]} (the server "
+                "must implement POST /v1/load_weights, as flowgrpo serve does; or unset "
+                "rollout.server.weight_sync_dir)"
+            )
+        previous = self.policy_version
+        self.policy_version = version
+        if previous is not None and previous != version:  # the server holds the new one now
+            from flowgrpo.weightsync import weights_path
+
+            weights_path(self.weight_sync_dir, previous).unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ plumbing
     def _semaphore(self) -> asyncio.Semaphore:
@@ -160,7 +204,7 @@ class OpenAIBackend(BackendBase):
         if params.seed is not None:
             body["seed"] = params.seed + index  # distinct streams per prompt, reproducible
         data = await self._post(client, "/completions", body)
-        return parse_completion_choice(data["choices"][0])
+        return parse_completion_choice(data["choices"][0], data.get("policy_version"))
 
     # ------------------------------------------------------------------ evaluation / judging: text
     async def chat(
@@ -193,8 +237,9 @@ class OpenAIBackend(BackendBase):
             return [m["id"] for m in r.json()["data"]]
 
 
-def parse_completion_choice(choice: dict[str, Any]) -> GenerationResult:
-    """Token ids, logprobs and finish reason from a ``/v1/completions`` choice (vLLM dialect)."""
+def parse_completion_choice(choice: dict[str, Any], policy_version: int | None = None) -> GenerationResult:
+    """Token ids, logprobs and finish reason from a ``/v1/completions`` choice (vLLM dialect), with
+    the policy version the server reports (on the choice, else the response's ``policy_version``)."""
     lp = choice.get("logprobs") or {}
     token_logprobs = lp.get("token_logprobs")
     ids = choice.get("token_ids")
@@ -212,7 +257,13 @@ def parse_completion_choice(choice: dict[str, Any]) -> GenerationResult:
         raise OpenAIBackendError(f"server returned {len(ids)} token ids but {len(token_logprobs)} logprobs")
     reason = "length" if choice.get("finish_reason") == "length" else "stop"
     logprobs = [float(x) if x is not None else 0.0 for x in token_logprobs]
-    return GenerationResult(token_ids=[int(i) for i in ids], logprobs=logprobs, finish_reason=reason)
+    version = choice.get("policy_version", policy_version)
+    return GenerationResult(
+        token_ids=[int(i) for i in ids],
+        logprobs=logprobs,
+        finish_reason=reason,
+        policy_version=int(version) if version is not None else None,
+    )
 
 
 __all__ = ["OpenAIBackend", "OpenAIBackendError", "parse_completion_choice"]

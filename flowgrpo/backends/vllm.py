@@ -26,6 +26,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from flowgrpo.backends.base import BackendBase, GenerationResult, SamplingParams, prompt_limits
+from flowgrpo.lora import inference_state_dict
 
 
 class VLLMUnavailableError(ImportError):
@@ -121,9 +122,9 @@ class VLLMBackend(BackendBase):
         return await asyncio.to_thread(self.generate_sync, prompts, params, max_new_tokens=max_new_tokens)
 
     # ------------------------------------------------------------------ weights
-    def sync_weights(self, model: Any) -> None:
+    def sync_weights(self, model: Any, *, version: int | None = None) -> None:
         """Load ``model``'s current weights (a torch module or an iterable of (name, tensor)) into
-        the engine; call after each optimizer step."""
+        the engine; call after each optimizer step. A LoRA policy sends its merged weights."""
         named = _named_tensors(model)
         with self._lock:
             if hasattr(self.llm, "apply_model"):
@@ -133,13 +134,14 @@ class VLLMBackend(BackendBase):
                 runner.model.load_weights(named)
             if hasattr(self.llm, "reset_prefix_cache"):
                 self.llm.reset_prefix_cache()
-        self.weight_version += 1
+        self.weight_version = self.weight_version + 1 if version is None else version
 
 
 def _named_tensors(model: Any) -> list[tuple[str, Any]]:
     if hasattr(model, "state_dict"):
-        # detached copies on the model's device; vLLM casts to its own dtype while loading
-        return [(k, v.detach()) for k, v in model.state_dict().items()]
+        # detached tensors on the model's device (a LoRA policy merged: the engine has no adapters);
+        # vLLM casts to its own dtype while loading
+        return list(inference_state_dict(model).items())
     if isinstance(model, dict):
         return list(model.items())
     if isinstance(model, Iterable):
