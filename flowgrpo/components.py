@@ -25,7 +25,6 @@ from flowgrpo.config import EnvConfig, TrainConfig
 from flowgrpo.env import Environment, Split
 from flowgrpo.hardware import resolve_autocast
 from flowgrpo.lora import apply_lora, is_lora
-from flowgrpo.lora import apply_lora, is_lora
 from flowgrpo.parsing import ActionParser
 from flowgrpo.rollout import EpisodeAgent
 from flowgrpo.types import Task, TrajectoryGroup
@@ -96,8 +95,6 @@ def build(
         model, tokenizer = load_policy(cfg)
     elif tokenizer is None:
         raise ValueError("pass the tokenizer together with the model")
-    if cfg.model.lora is not None and not is_lora(model):
-        model = apply_lora(model, cfg.model.lora)  # base frozen, adapters trainable
     if cfg.model.lora is not None and not is_lora(model):
         model = apply_lora(model, cfg.model.lora)  # base frozen, adapters trainable
     if env_factory is None:
