@@ -98,6 +98,8 @@ class CodingEnv(ToolEnv):
         data_files: a JSONL file (or list of files) of tasks; default: the 41 bundled tasks.
         test_fraction: share of tasks hashed into the test split.
         code_timeout_s: limit for running the hidden tests of one answer.
+        allow_weak_isolation: run the ``python`` tool and the hidden tests with rlimits only where no
+            sandbox isolation (bubblewrap, unshare) works here; without it such a host refuses.
         tools: override the tool list (default: the built-in CodeTool).
     """
 
@@ -111,15 +113,16 @@ class CodingEnv(ToolEnv):
         data_files: str | list[str] | None = None,
         test_fraction: float = 0.3,
         code_timeout_s: float = 10.0,
+        allow_weak_isolation: bool = False,
         tools: list[Any] | None = None,
         **kwargs: Any,
     ) -> None:
         if not 0 < test_fraction < 1:
             raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
         if tools is None:
-            from flowgrpo.tools.code import CodeTool
+            from flowgrpo.tools.code import CodeTool, SandboxLimits
 
-            tools = [CodeTool()]
+            tools = [CodeTool(SandboxLimits(allow_weak_isolation=allow_weak_isolation))]
         super().__init__(tools, **kwargs)
         files = (
             [BUNDLED_TASKS]
@@ -129,6 +132,7 @@ class CodingEnv(ToolEnv):
             else data_files
         )
         self.seed, self.test_fraction, self.code_timeout_s = seed, test_fraction, code_timeout_s
+        self.allow_weak_isolation = allow_weak_isolation
         self._all: list[Task] = []
         for f in files:
             self._all += load_coding_jsonl(f)
@@ -151,7 +155,9 @@ class CodingEnv(ToolEnv):
         tests = task.metadata.get("tests")
         if not tests:
             return None
-        return await run_code_tests(answer, tests, timeout_s=self.code_timeout_s)
+        return await run_code_tests(
+            answer, tests, timeout_s=self.code_timeout_s, allow_weak_isolation=self.allow_weak_isolation
+        )
 
     def oracle(self) -> CodingOracle:
         return CodingOracle(self._all)

@@ -1,22 +1,41 @@
-"""tools/code.py: the sandbox contains hostile code; the host is unharmed and the tool still works."""
+"""The code sandbox (flowgrpo.sandbox, the `python` tool of tools/code.py): hostile code is contained,
+as root and as an unprivileged user, in every isolation mode this host has; the tool still works."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import shutil
+import signal
 import socket
+import subprocess
+import sys
+import sysconfig
+import textwrap
 import threading
+import time
+import uuid
 
 import pytest
 from flowgrpo.tools.code import CodeTool, SandboxLimits, run_python, sandbox_capabilities
 
+from flowgrpo import cgroup
+from flowgrpo.sandbox import (
+    SandboxUnavailableError,
+    arun_python,
+    choose_isolation,
+    probe_isolation,
+    remove_stale,
+)
 from flowgrpo.tool import Tool, invoke
 
 SMALL = SandboxLimits(
     wall_s=3, cpu_s=2, memory_mb=256, max_processes=16, file_size_mb=1, disk_mb=8, max_output_bytes=100_000
 )
-NS = sandbox_capabilities().namespaces
+CAPS = sandbox_capabilities()
+NS = CAPS.namespaces
 
 
 def still_works():
@@ -27,6 +46,7 @@ def still_works():
 def test_runs_code_and_reports():
     r = run_python("import sys\nprint('hi')\nprint('err', file=sys.stderr)\nsys.exit(3)", SMALL)
     assert (r.stdout, r.stderr, r.exit_code, r.limit_hit) == ("hi\n", "err\n", 3, None)
+    assert r.mode == CAPS.mode and r.weak_isolation == (CAPS.mode == "weak")
     tool = CodeTool(SMALL)
     assert isinstance(tool, Tool) and tool.name == "python"
     out = asyncio.run(invoke(tool, {"code": "print(sum(range(10)))"}))
@@ -42,7 +62,7 @@ def test_files_and_fresh_workdir_removed():
         "import os\nprint(open('data.txt').read())\nprint(os.getcwd())", SMALL, files={"data.txt": "abc"}
     )
     assert r.stdout.startswith("abc\n")
-    assert not os.path.exists(r.stdout.splitlines()[1])  # removed afterwards
+    assert not os.path.exists(r.stdout.splitlines()[1])  # removed afterwards (or never on the host)
 
 
 def test_infinite_loop():
@@ -55,14 +75,60 @@ def test_infinite_loop():
 
 def test_fork_bomb():
     r = run_python("import os\nwhile True:\n    os.fork()", SMALL)
-    assert r.limit_hit in ("processes", "wall", "cpu") and r.exit_code != 0
+    assert r.exit_code != 0
+    if CAPS.cgroup:
+        assert r.limit_hit == "processes"  # from the cgroup's pids.events, not from the traceback
     still_works()
 
 
 def test_memory_bomb():
-    r = run_python("x = bytearray(2 * 1024**3)", SMALL)
-    assert r.limit_hit == "memory" and "MemoryError" in r.stderr
+    r = run_python("x = b'x' * (2 * 1024**3)", SMALL)
+    if CAPS.cgroup:
+        assert r.limit_hit == "memory" and r.signal == signal.SIGKILL and r.per_process_limits == []
+        assert r.peak_memory_mb is not None and r.peak_memory_mb <= SMALL.memory_mb + 0.5
+    else:
+        assert "MemoryError" in r.stderr and r.per_process_limits == ["memory"]
     still_works()
+
+
+@pytest.mark.skipif(not CAPS.cgroup, reason="no cgroup can be created on this host: memory is per process")
+def test_memory_is_bounded_per_call_not_per_process():
+    # 8 processes of 100 MB each would pass a 256 MB per-process limit; the call's limit stops them
+    code = textwrap.dedent(
+        """
+        import os
+        kids = []
+        for i in range(8):
+            pid = os.fork()
+            if pid == 0:
+                x = b'x' * (100 * 2**20)
+                import time; time.sleep(0.5)
+                os._exit(0)
+            kids.append(pid)
+        codes = [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in kids]
+        print(codes)
+        raise SystemExit(1 if any(codes) else 0)
+        """
+    )
+    r = run_python(code, SMALL.model_copy(update={"wall_s": 20}))
+    assert r.limit_hit == "memory" and "-9" in r.stdout, r
+    assert r.peak_memory_mb <= SMALL.memory_mb + 0.5
+    # shared memory and memfds are charged to the call too
+    r = run_python("import os\nfd = os.memfd_create('m')\nos.write(fd, b'x' * (400 * 2**20))", SMALL)
+    assert r.limit_hit == "memory", r
+
+
+def test_sandbox_is_the_oom_killers_first_choice():
+    r = run_python("print(open('/proc/self/oom_score_adj').read().strip())", SMALL)
+    assert r.stdout == "1000\n"
+
+
+def test_classification_comes_from_the_kernel_not_from_printed_text():
+    fake = "import sys\nprint('MemoryError Resource temporarily unavailable No space left on device File too large', file=sys.stderr)\nsys.exit(1)"
+    r = run_python(fake, SMALL)
+    assert r.exit_code == 1 and r.limit_hit is None
+    r = run_python("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", SMALL)
+    assert r.signal == signal.SIGKILL and r.limit_hit is None  # a SIGKILL without an OOM kill is not "memory"
 
 
 def test_huge_output():
@@ -135,27 +201,127 @@ def test_network_blocked():
     assert r.stdout.startswith("blocked") and not accepted
 
 
-def test_background_process_does_not_outlive_call(tmp_path):
-    code = """
-import os, subprocess, sys, time
-p = subprocess.Popen([sys.executable, '-c', 'import time\\nwhile True: time.sleep(0.05)'], start_new_session=True)
-print(p.pid, flush=True)
-"""
-    r = run_python(code, SMALL)
-    assert r.exit_code == 0
-    # nothing of the sandbox uid, or named like the sleeper, is left on the host
-    import time
-
-    time.sleep(0.2)
+def _procs_with(marker: str) -> list[int]:
+    found = []
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmd = f.read()
+                    if marker.encode() in f.read():
+                        found.append(int(pid))
             except OSError:
                 continue
-            assert b"while True: time.sleep(0.05)" not in cmd
+    return found
+
+
+def _wait_until(cond, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
+
+
+def _sleeper(marker: str) -> str:
+    # a process in a new session, named by the marker, that would run for a minute
+    return (
+        "import subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', {marker!r}], start_new_session=True)\n"
+        "time.sleep(60)\n"
+    )
+
+
+def _leftovers(pid: int) -> list[str]:
+    import tempfile
+
+    found = [n for n in os.listdir(tempfile.gettempdir()) if n.startswith(f"{cgroup.PREFIX}{pid}-")]
+    parents = cgroup.find_parents()
+    if parents:
+        for d in {parents.memory, parents.pids}:
+            found += [n for n in os.listdir(d) if n.startswith(f"{cgroup.PREFIX}{pid}-")]
+    return found
+
+
+def test_background_process_does_not_outlive_call():
+    marker = f"flowgrpo-bg-{uuid.uuid4().hex[:8]}"
+    code = f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', {marker!r}], start_new_session=True)\n"
+    r = run_python(code, SMALL)
+    assert r.exit_code == 0
+    assert _wait_until(lambda: not _procs_with(marker), 2.0)
     still_works()
+
+
+def test_cancelled_call_leaves_nothing():
+    marker = f"flowgrpo-cancel-{uuid.uuid4().hex[:8]}"
+
+    async def main():
+        task = asyncio.ensure_future(arun_python(_sleeper(marker), SMALL.model_copy(update={"wall_s": 30})))
+        assert await asyncio.to_thread(_wait_until, lambda: bool(_procs_with(marker)))
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(task, 0.01)
+
+    asyncio.run(main())
+    assert _wait_until(lambda: not _procs_with(marker), 3.0), _procs_with(marker)
+    assert _wait_until(lambda: not _leftovers(os.getpid()), 3.0), _leftovers(os.getpid())
+
+
+def test_sigkilled_trainer_leaves_nothing():
+    marker = f"flowgrpo-kill-{uuid.uuid4().hex[:8]}"
+    trainer = (
+        "from flowgrpo.sandbox import SandboxLimits, run_python\n"
+        f"run_python({_sleeper(marker)!r}, SandboxLimits(wall_s=30, isolation={CAPS.mode!r}, allow_weak_isolation=True))\n"
+    )
+    p = subprocess.Popen([sys.executable, "-c", trainer])
+    try:
+        assert _wait_until(lambda: bool(_procs_with(marker)), 10.0), "the sandbox never started"
+    finally:
+        p.kill()
+        p.wait()
+    # PR_SET_PDEATHSIG / --die-with-parent and the pid namespace take the whole sandbox down
+    assert _wait_until(lambda: not _procs_with(marker), 3.0), _procs_with(marker)
+    remove_stale()  # what the next sandbox user does at start-up: the cgroup (and weak-mode dir) go
+    assert _leftovers(p.pid) == []
+
+
+def test_stale_directories_and_cgroups_are_removed(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = tmp_path / f"{cgroup.PREFIX}{dead.pid}-abc"
+    live = tmp_path / f"{cgroup.PREFIX}{os.getpid()}-abc"
+    for d in (stale, live):
+        (d / "work").mkdir(parents=True)
+    assert remove_stale(str(tmp_path)) >= 1
+    assert not stale.exists() and live.exists()
+    parents = cgroup.find_parents()
+    if parents is not None:
+        group = cgroup.CallCgroup(parents, memory_bytes=2**26, max_pids=4)
+        renamed = [
+            d.replace(f"{cgroup.PREFIX}{os.getpid()}-", f"{cgroup.PREFIX}{dead.pid}-") for d in group.dirs
+        ]
+        for a, b in zip(group.dirs, renamed, strict=True):
+            os.rename(a, b)
+        assert cgroup.remove_stale(parents) == len(renamed)
+        assert not any(os.path.exists(d) for d in renamed)
+
+
+def test_refuses_weak_isolation_unless_allowed(tmp_path):
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    caps = probe_isolation(str(fake), None)  # a bwrap that does not work, and no unshare
+    assert caps.mode == "weak" and caps.bwrap is None and caps.unshare is None
+    assert any("network namespace" in m for m in caps.missing)
+    assert probe_isolation(str(tmp_path / "absent"), None).mode == "weak"
+    with pytest.raises(SandboxUnavailableError, match=r"bubblewrap.*allow_weak_isolation=True"):
+        choose_isolation(SandboxLimits(), caps)
+    assert choose_isolation(SandboxLimits(allow_weak_isolation=True), caps) == "weak"
+    with pytest.raises(SandboxUnavailableError, match="isolation='bwrap' does not work here"):
+        choose_isolation(SandboxLimits(isolation="bwrap"), caps)
+    with pytest.raises(ValueError, match="allow_weak_isolation"):
+        SandboxLimits(isolation="weak")
+    if CAPS.bwrap and CAPS.unshare:
+        assert CAPS.mode == "bwrap"  # bwrap is preferred when both work
 
 
 @pytest.mark.skipif(not NS, reason="needs namespaces")
@@ -168,6 +334,351 @@ def test_disk_and_file_size_limits():
 
 
 def test_capabilities_reported():
-    caps = sandbox_capabilities()
-    assert caps.mode in ("namespaces", "rlimits")
-    assert (caps.missing == []) == (caps.namespaces and caps.drop_uid)
+    assert CAPS.mode in ("bwrap", "unshare", "weak")
+    assert (CAPS.cgroup is None) == any("per-call memory" in m for m in CAPS.missing)
+
+
+# ------------------------------------------------------------------------------------------------
+# Attacks from issue 14, in every isolation mode this host has, as root and as an unprivileged uid.
+
+MODES = [m for m in ("bwrap", "unshare") if getattr(CAPS, m)]
+
+# Runs inside the sandbox: each attack prints "ALLOWED ..." when it worked, "blocked ..." otherwise.
+ATTACKS = r"""
+import ctypes, json, os, socket, sys
+P = json.load(open("params.json"))
+libc = ctypes.CDLL(None, use_errno=True)
+out = {}
+def attempt(name, fn):
+    try:
+        r = fn()
+        out[name] = "ALLOWED" + ("" if r is None else " " + str(r)[:40])
+    except Exception as e:
+        out[name] = "blocked " + type(e).__name__
+def write(path):
+    with open(path, "a") as f:
+        f.write("x")
+def remount_and_write():
+    if libc.mount(None, b"/", None, 32 | 4096, None) != 0:  # MS_REMOUNT | MS_BIND, i.e. read-write
+        raise OSError(ctypes.get_errno(), "remount")
+    write(P["etc_file"])
+def in_new_userns(fn):
+    # an unprivileged user namespace gives all capabilities there: try the remount from inside it
+    pid = os.fork()
+    if pid == 0:
+        try:
+            if libc.unshare(0x10000000 | 0x20000) != 0:  # CLONE_NEWUSER | CLONE_NEWNS
+                os._exit(3)
+            fn()
+            os._exit(0)
+        except BaseException:
+            os._exit(4)
+    _, st = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(st) != 0:
+        raise PermissionError("exit %d" % os.waitstatus_to_exitcode(st))
+def unmount_home():
+    if libc.umount2(P["home"].encode(), 2) != 0 and libc.umount2(b"/home", 2) != 0:
+        raise OSError(ctypes.get_errno(), "umount")
+    return open(P["secret"]).read()
+def connect(addr):
+    s = socket.socket(socket.AF_INET)
+    s.settimeout(1)
+    s.connect(addr)
+def connect_unix(path):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+attempt("write_project", lambda: write(P["project"] + "/evil-" + P["marker"]))
+attempt("append_project_file", lambda: write(P["project_file"]))
+attempt("write_venv", lambda: write(P["venv"] + "/evil-" + P["marker"] + ".pth"))
+attempt("write_home_rc", lambda: write(P["home"] + "/.bashrc"))
+attempt("read_secret", lambda: open(P["secret"]).read())
+attempt("remount_rw", remount_and_write)
+attempt("remount_rw_in_userns", lambda: in_new_userns(remount_and_write))
+attempt("unmount_to_reveal_home", unmount_home)
+attempt("unmount_in_userns", lambda: in_new_userns(unmount_home))
+attempt("loopback", lambda: connect(("127.0.0.1", P["port"])))
+if P.get("unix"):
+    attempt("host_unix_socket", lambda: connect_unix(P["unix"]))
+# private /tmp and /dev/shm: writing is fine, the host must not see it (checked by the test)
+attempt("tmp_private", lambda: write("/tmp/" + P["marker"]))
+attempt("shm_private", lambda: write("/dev/shm/" + P["marker"]))
+print(json.dumps(out))
+"""
+
+
+def _listener():
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    srv.settimeout(0.05)
+    return srv
+
+
+def _accepted(srv) -> bool:
+    try:
+        srv.accept()
+        return True
+    except OSError:
+        return False
+
+
+def _read(path: str) -> bytes | None:
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _host_side_clean(marker: str, params: dict) -> list[str]:
+    """What an attack left on the host (empty when contained)."""
+    left = []
+    for p in (
+        f"/tmp/{marker}",
+        f"/dev/shm/{marker}",
+        params["project"] + "/evil-" + marker,
+        params["venv"] + "/evil-" + marker + ".pth",
+    ):
+        if os.path.exists(p):
+            left.append(p)
+            os.remove(p)
+    return left
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_attacks_contained_as_root(mode, tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("this test runs the attacks as the root caller; the unprivileged test covers users")
+    marker = f"flowgrpo-attack-{uuid.uuid4().hex[:8]}"
+    secret = f"/root/{marker}-secret"
+    with open(secret, "w") as f:
+        f.write("ssh-private-key")
+    os.chmod(secret, 0o600)
+    rc = "/root/.bashrc"
+    rc_before = _read(rc)
+    project = os.getcwd()
+    project_file = os.path.join(project, "pyproject.toml")
+    before = _read(project_file)
+    srv = _listener()
+    unix_path = f"/run/{marker}.sock"
+    usrv = socket.socket(socket.AF_UNIX)
+    usrv.bind(unix_path)
+    usrv.listen(1)
+    params = {
+        "marker": marker,
+        "project": project,
+        "project_file": project_file,
+        "venv": sysconfig.get_paths()["purelib"],
+        "home": "/root",
+        "secret": secret,
+        "etc_file": f"/etc/{marker}",
+        "port": srv.getsockname()[1],
+        "unix": unix_path,
+    }
+    try:
+        r = run_python(
+            ATTACKS, SMALL.model_copy(update={"isolation": mode}), files={"params.json": json.dumps(params)}
+        )
+        connected = _accepted(srv)
+    finally:
+        srv.close()
+        usrv.close()
+        os.remove(unix_path)
+        os.remove(secret)
+    assert r.exit_code == 0, r
+    out = json.loads(r.stdout)
+    allowed = {k: v for k, v in out.items() if v.startswith("ALLOWED") and not k.endswith("_private")}
+    assert not allowed, allowed
+    assert not connected and not os.path.exists(params["etc_file"])
+    assert _host_side_clean(marker, params) == []
+    assert _read(project_file) == before and _read(rc) == rc_before
+
+
+# Runs as root in a private mount namespace (`unshare --mount`): makes the interpreter reachable for
+# an unprivileged uid (here it lives under /root, mode 0700), gives that uid a home with a key, a
+# shell rc file and a project with a venv, optionally delegates a cgroup to it, then becomes it and
+# runs the sandbox from there.
+HARNESS = r"""
+import ctypes, json, os, sys
+uid = 65534
+cfg = json.loads(sys.argv[1])
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+def mount(src, tgt, fs, flags, data):
+    e = lambda s: s.encode() if isinstance(s, str) else s
+    if libc.mount(e(src), e(tgt), e(fs), flags, e(data)) != 0:
+        raise OSError(ctypes.get_errno(), "mount " + tgt)
+fds = {p: os.open(p, os.O_PATH) for p in cfg["needed"]}
+for d in cfg["closed"] + ["/home"]:
+    mount("tmpfs", d, "tmpfs", 0, "mode=0755")
+for p, fd in fds.items():
+    os.makedirs(p, exist_ok=True)
+    mount("/proc/self/fd/%d" % fd, p, None, 4096 | 16384, None)
+home = "/home/user"
+files = {".ssh/id_rsa": "ssh-private-key", ".bashrc": "# rc\n", "project/code.py": "x = 1\n",
+         "project/.venv/lib/site.py": "# venv\n"}
+for rel, text in files.items():
+    p = os.path.join(home, rel)
+    os.makedirs(os.path.dirname(p), exist_ok=True)
+    with open(p, "w") as f:
+        f.write(text)
+for root, dirs, names in os.walk(home):
+    for n in [root] + [os.path.join(root, x) for x in names]:
+        os.chown(n, uid, uid)
+os.chmod(home + "/.ssh/id_rsa", 0o600)
+for d in cfg["delegate"]:
+    for n in ("", "cgroup.procs", "tasks"):
+        if os.path.exists(os.path.join(d, n)):
+            os.chown(os.path.join(d, n), uid, uid)
+    with open(os.path.join(d, "cgroup.procs"), "w") as f:
+        f.write(str(os.getpid()))
+os.setgroups([])
+os.setresgid(uid, uid, uid)
+os.setresuid(uid, uid, uid)
+env = {"HOME": home, "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+os.execve(sys.executable, [sys.executable, "-c", cfg["script"]], env)
+"""
+
+# Runs as the unprivileged uid: every mode's attacks and limits, reported as JSON.
+AS_USER = r"""
+import json, os, sys, uuid
+from flowgrpo.sandbox import SandboxLimits, SandboxUnavailableError, run_python, sandbox_capabilities
+P = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+caps = sandbox_capabilities()
+home = os.environ["HOME"]
+report = {"uid": os.getuid(), "caps": caps.model_dump()}
+L = dict(wall_s=5, cpu_s=3, memory_mb=256, max_processes=16, file_size_mb=1, disk_mb=8, max_output_bytes=100_000)
+for mode in [m for m in ("bwrap", "unshare") if getattr(caps, m)] + ["weak"]:
+    marker = "flowgrpo-attack-" + uuid.uuid4().hex[:8]
+    params = {"marker": marker, "project": home + "/project", "project_file": home + "/project/code.py",
+              "venv": home + "/project/.venv/lib", "home": home, "secret": home + "/.ssh/id_rsa",
+              "etc_file": "/etc/" + marker, "port": PORT}
+    limits = SandboxLimits(**L, isolation=mode, allow_weak_isolation=mode == "weak")
+    r = run_python(ATTACKS, limits, files={"params.json": json.dumps(params)})
+    if mode == "weak":  # no pid namespace: a fork bomb would run to the wall clock
+        report[mode] = {"attacks": json.loads(r.stdout), "weak_isolation": r.weak_isolation,
+                        "per_process_limits": r.per_process_limits}
+        continue
+    fork = run_python("import os\nwhile True:\n    os.fork()", limits)
+    fork_procs = run_python("import os\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n"
+                            "            import time; time.sleep(1); os._exit(0)\n        n += 1\n"
+                            "except OSError:\n    print(n)", limits)
+    mem = run_python("import os\nfor i in range(4):\n    if os.fork() == 0:\n        x = b'x' * (200 * 2**20)\n"
+                     "        os._exit(0)\nbad = [os.wait()[1] for i in range(4)]\nprint('done')\nraise SystemExit(any(bad))", limits)
+    host = [p for p in ("/tmp/" + marker, "/dev/shm/" + marker, home + "/project/evil-" + marker,
+                        home + "/project/.venv/lib/evil-" + marker + ".pth") if os.path.exists(p)]
+    report[mode] = {
+        "attacks": json.loads(r.stdout) if r.exit_code == 0 else r.model_dump(),
+        "weak_isolation": r.weak_isolation,
+        "per_process_limits": r.per_process_limits,
+        "host_files_left": host,
+        "rc_intact": open(home + "/.bashrc").read() == "# rc\n",
+        "code_intact": open(home + "/project/code.py").read() == "x = 1\n",
+        "fork_bomb": {"limit_hit": fork.limit_hit, "duration_s": round(fork.duration_s, 2)},
+        "processes_started": fork_procs.stdout.strip(),
+        "memory_4x200mb": {"limit_hit": mem.limit_hit, "stdout": mem.stdout.strip(),
+                           "peak_memory_mb": mem.peak_memory_mb, "signal": mem.signal},
+    }
+try:
+    run_python("print(1)", SandboxLimits(isolation="weak"))
+except Exception as e:
+    report["weak_without_consent"] = type(e).__name__
+print("REPORT " + json.dumps(report))
+"""
+
+
+def run_unprivileged(delegate_cgroup: bool) -> dict:
+    """Run AS_USER as uid 65534 (see HARNESS); returns its report."""
+    from flowgrpo import cgroup as cg
+    from flowgrpo.sandbox import _view
+
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and util-linux unshare to switch to an unprivileged uid for the test")
+    srv = _listener()
+    delegated: list[str] = []
+    parents = cg.find_parents()
+    if delegate_cgroup:
+        if parents is None or parents.version != 1:
+            pytest.skip("delegating a cgroup is tested on cgroup v1 hosts only")
+        name = f"{cg.PREFIX}delegated-{uuid.uuid4().hex[:6]}"
+        delegated = sorted({os.path.join(parents.memory, name), os.path.join(parents.pids, name)})
+        for d in delegated:
+            os.mkdir(d)
+    view = _view()
+    script = f"ATTACKS = {ATTACKS!r}\nPORT = {srv.getsockname()[1]}\n" + AS_USER
+    needed = sorted(
+        {
+            os.path.realpath(p)
+            for p in (sys.base_prefix, sys.prefix, os.path.dirname(os.path.realpath(sys.executable)))
+        }
+    )
+    cfg = {"needed": needed, "closed": list(view.closed), "delegate": delegated, "script": script}
+    try:
+        p = subprocess.run(
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                sys.executable,
+                "-c",
+                HARNESS,
+                json.dumps(cfg),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd="/",
+        )
+        connected = _accepted(srv)
+    finally:
+        srv.close()
+        for d in delegated:  # its children were removed by the sandbox; the harness process is gone
+            for sub in os.listdir(d):
+                if os.path.isdir(os.path.join(d, sub)):
+                    os.rmdir(os.path.join(d, sub))
+            os.rmdir(d)
+    line = [x for x in p.stdout.splitlines() if x.startswith("REPORT ")]
+    assert p.returncode == 0 and line, p.stderr[-3000:]
+    report = json.loads(line[0][len("REPORT ") :])
+    report["loopback_accepted_by_host"] = connected
+    return report
+
+
+def _assert_contained(rep: dict) -> None:
+    out = rep["attacks"]
+    allowed = {k: v for k, v in out.items() if v.startswith("ALLOWED") and not k.endswith("_private")}
+    assert not allowed, allowed
+    assert rep["host_files_left"] == [] and rep["rc_intact"] and rep["code_intact"]
+    assert not rep["weak_isolation"]
+    assert rep["fork_bomb"]["limit_hit"] in ("processes", "wall", "cpu", None)
+    assert int(rep["processes_started"]) < 16  # max_processes binds for the unprivileged caller
+
+
+def test_unprivileged_caller_is_isolated():
+    rep = run_unprivileged(delegate_cgroup=False)
+    assert rep["uid"] == 65534
+    assert rep["caps"]["mode"] in ("bwrap", "unshare"), rep["caps"]
+    for mode in ("bwrap", "unshare"):
+        if rep["caps"][mode]:
+            _assert_contained(rep[mode])
+            # no cgroup can be created by this user: the result says memory is bounded per process only
+            assert rep[mode]["per_process_limits"] == ["memory"]
+            assert rep[mode]["memory_4x200mb"]["stdout"] == "done"  # 4 x 200 MB < 4 x 256 MB RLIMIT_AS
+    # weak mode runs only when allowed, and then says so in every result
+    assert rep["weak_without_consent"] == "ValidationError"
+    assert rep["weak"]["weak_isolation"] and "memory" in rep["weak"]["per_process_limits"]
+    assert not rep["loopback_accepted_by_host"] or rep["weak"]["attacks"]["loopback"].startswith("blocked")
+
+
+def test_unprivileged_caller_with_delegated_cgroup():
+    rep = run_unprivileged(delegate_cgroup=True)
+    assert rep["caps"]["cgroup"] == "v1"
+    for mode in ("bwrap", "unshare"):
+        if rep["caps"][mode]:
+            r = rep[mode]
+            _assert_contained(r)
+            assert r["per_process_limits"] == []
+            assert r["fork_bomb"]["limit_hit"] == "processes"
+            # 4 x 200 MB in one call of 256 MB: the cgroup's OOM killer stops it, and says so
+            assert r["memory_4x200mb"]["limit_hit"] == "memory", r
+            assert r["memory_4x200mb"]["peak_memory_mb"] <= 256.5

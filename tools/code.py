@@ -16,7 +16,9 @@ from flowgrpo.sandbox import (
     SandboxCapabilities,
     SandboxLimits,
     SandboxResult,
+    SandboxUnavailableError,
     arun_python,
+    require_isolation,
     run_python,
     sandbox_capabilities,
 )
@@ -55,7 +57,11 @@ class CodeArgs(BaseModel):
 
 
 class CodeTool:
-    """The ``python`` tool: runs the code in the sandbox, shows stdout/stderr and the exit status."""
+    """The ``python`` tool: runs the code in the sandbox, shows stdout/stderr and the exit status.
+
+    Construction fails with :class:`SandboxUnavailableError` when no isolation works on this host and
+    ``limits.allow_weak_isolation`` is not set (in a config: ``allow_weak_isolation: true`` in the
+    tool's limits, or in the ``coding`` environment's kwargs)."""
 
     name = "python"
     description = "Run Python code in a sandbox and return what it prints."
@@ -65,6 +71,7 @@ class CodeTool:
         self, limits: SandboxLimits | Mapping[str, Any] | None = None, *, max_code_chars: int = 20_000
     ) -> None:
         self.limits = limits if isinstance(limits, SandboxLimits) else SandboxLimits(**(limits or {}))
+        require_isolation(self.limits)
         self.max_code_chars = max_code_chars
         self.timeout_s = self.limits.wall_s + 5.0  # the sandbox enforces wall_s itself
 
@@ -82,6 +89,7 @@ __all__ = [
     "SandboxCapabilities",
     "SandboxLimits",
     "SandboxResult",
+    "SandboxUnavailableError",
     "arun_python",
     "format_result",
     "run_python",

@@ -20,8 +20,15 @@ def build_test_program(code: str, tests: str) -> str:
     return f"{code}\n\n{tests}\n\nprint({TESTS_PASSED_SENTINEL!r})\n"
 
 
-async def run_code_tests(code: str, tests: str, *, timeout_s: float = 10.0) -> bool:
-    """Whether ``code`` passes ``tests`` in the code sandbox (:func:`flowgrpo.sandbox.arun_python`)."""
+async def run_code_tests(
+    code: str, tests: str, *, timeout_s: float = 10.0, allow_weak_isolation: bool = False
+) -> bool:
+    """Whether ``code`` passes ``tests`` in the code sandbox (:func:`flowgrpo.sandbox.arun_python`).
+
+    Raises :class:`flowgrpo.sandbox.SandboxUnavailableError` where no isolation works, unless
+    ``allow_weak_isolation`` accepts running the answer with rlimits only."""
     program = build_test_program(extract_code(code), tests)
-    res = await arun_python(program, SandboxLimits(wall_s=timeout_s))
+    res = await arun_python(
+        program, SandboxLimits(wall_s=timeout_s, allow_weak_isolation=allow_weak_isolation)
+    )
     return res.exit_code == 0 and TESTS_PASSED_SENTINEL in res.stdout
