@@ -8,6 +8,7 @@ import time
 import pytest
 from flowgrpo.tools.calculator import Calculator, evaluate
 
+from flowgrpo.bounded import shared_pool
 from flowgrpo.tool import Tool, ToolError, invoke
 
 
@@ -97,6 +98,13 @@ def test_bombs_fail_fast(expr):
     assert time.perf_counter() - t0 < 1.0
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _ready_workers():
+    """Calculator() starts its worker processes; on a loaded machine their start-up (importing
+    sympy) can take seconds, which a training run spends loading the model first."""
+    shared_pool().warm()
+
+
 def test_tool_interface():
     calc = Calculator()
     assert isinstance(calc, Tool) and calc.name == "calculator"
@@ -106,3 +114,18 @@ def test_tool_interface():
     )
     with pytest.raises(ToolError, match="power too large"):
         asyncio.run(invoke(calc, {"expression": "9**9**9**9"}))
+
+
+def test_a_calculation_past_its_budget_is_stopped_with_a_message():
+    """Evaluation and formatting run in a worker process killed at ``budget_s``: the model reads a
+    message, and no thread keeps computing after it."""
+    calc = Calculator(budget_s=1e-4)
+    with pytest.raises(ToolError, match=r"took longer than 0.0001 s and was stopped; split it"):
+        asyncio.run(invoke(calc, {"expression": "(1+sqrt(2))**300"}))
+    assert asyncio.run(invoke(calc, {"expression": "2+3"})).content == "5"  # tiny ones run inline
+
+
+@pytest.mark.parametrize("expr", ["sin(exp(99999))", "cos(2**70)", "tan(10**30)"])
+def test_periodic_functions_of_huge_arguments_are_refused_before_they_run(expr):
+    with pytest.raises(ToolError, match="argument too large"):
+        evaluate(expr)

@@ -8,9 +8,12 @@ and constants. Every intermediate result is evaluated by sympy, exactly: ``0.1``
 Why not ``sympy.sympify``: it calls ``eval`` on the string and will happily try ``9**9**9**9``.
 Here the walker bounds every operation *before* running it: the expression length and nesting depth,
 the bit size of powers (``|exponent| * log2|base|``), factorial and binomial arguments, and the size
-of every intermediate rational. An oversize request is a :class:`ToolError` in microseconds, so the
-tool needs no subprocess and answers in about a millisecond (it is called in every arithmetic
-episode).
+of every intermediate rational. An oversize request is a :class:`ToolError` in microseconds.
+Formatting is bounded too (simplification only of small expressions, periodic functions only of
+arguments below 2**64), and as a last line anything beyond plain arithmetic runs in a worker
+process (:mod:`flowgrpo.bounded`) killed at ``budget_s``: sympy cannot be interrupted, and a thread
+would keep burning a core after the episode moved on. A call costs about half a millisecond; plain
+arithmetic (40 characters or fewer, no parentheses) runs inline.
 
 Output: ``"12"`` for an integer, ``"391/4 = 97.75"`` for a fraction, ``"sqrt(2) = 1.41421356237310"``
 for an irrational; short, because a 135M model reads it.
@@ -19,7 +22,6 @@ for an irrational; short, because a 135M model reads it.
 from __future__ import annotations
 
 import ast
-import asyncio
 import math
 import re
 from typing import Any
@@ -27,6 +29,7 @@ from typing import Any
 import sympy
 from pydantic import BaseModel, ConfigDict, Field
 
+from flowgrpo.bounded import BudgetExceeded, shared_pool
 from flowgrpo.tool import ToolError
 
 MAX_CHARS = 500  # longer input is refused before parsing
@@ -69,6 +72,7 @@ _CONSTS: dict[str, Any] = {
     "tau": 2 * sympy.pi,
     "deg": sympy.pi / 180,  # sin(30*deg) for degrees
 }
+_PERIODIC = ("sin", "cos", "tan")
 _SPECIAL = ("log", "factorial", "binomial", "round")
 KNOWN_NAMES = sorted([*_FUNCS, *_SPECIAL, *_CONSTS])
 
@@ -213,6 +217,9 @@ class _Evaluator:
             raise ToolError(f"unknown function {fname!r}; known names: {', '.join(KNOWN_NAMES)}")
         if fname in ("exp", "sinh", "cosh") and args and args[0].is_number and abs(float(args[0])) > 1e5:
             raise ToolError(f"{fname} argument too large")
+        if fname in _PERIODIC and args and args[0].is_number and _log2_abs(args[0]) > 64:
+            # the value needs the argument reduced modulo pi to full precision: seconds of mpmath
+            raise ToolError(f"{fname} argument too large (limit 2**64)")
         try:
             return fn(*args)
         except TypeError as e:
@@ -266,12 +273,14 @@ def evaluate(expression: str) -> str:
     except (RecursionError, MemoryError, ValueError) as e:
         raise ToolError(f"cannot parse {expression!r}: too complex") from e
     try:
-        value = _Evaluator(source).eval(tree)
+        return format_value(_Evaluator(source).eval(tree))
+    except ToolError:
+        raise
     except RecursionError as e:
         raise ToolError("expression too complex") from e
-    except (ZeroDivisionError, ValueError, ArithmeticError) as e:
-        raise ToolError(f"cannot evaluate: {e}") from e
-    return format_value(value)
+    except Exception as e:  # sympy's own failures: always a message the model can read
+        detail = str(e).strip() or "no detail"
+        raise ToolError(f"cannot evaluate {expression!r}: {type(e).__name__}: {detail[:200]}") from e
 
 
 def format_value(value: Any) -> str:
@@ -312,14 +321,24 @@ class Calculator:
     description = "Evaluate a math expression exactly (fractions, powers, sqrt, sin, log, %)."
     args_schema = CalculatorArgs
 
-    def __init__(self, timeout_s: float | None = 5.0) -> None:
+    def __init__(self, timeout_s: float | None = 5.0, *, budget_s: float = 2.0) -> None:
         self.timeout_s = timeout_s
+        self.budget_s = budget_s
+        shared_pool().prestart()
 
     async def run(self, args: BaseModel) -> str:
         expression = args.expression  # type: ignore[attr-defined]
         if len(expression) <= 40 and "(" not in expression:
-            return evaluate(expression)  # tiny: faster inline than a thread hop
-        return await asyncio.to_thread(evaluate, expression)
+            return evaluate(expression)  # tiny (numbers and operators, sizes checked): inline
+        # Anything with functions runs in a worker process killed at the budget: sympy's
+        # evaluation and formatting cannot be interrupted, and a thread would burn a core on.
+        try:
+            return await shared_pool().acall(evaluate, expression, timeout_s=self.budget_s)
+        except BudgetExceeded:
+            raise ToolError(
+                f"the calculation took longer than {self.budget_s:g} s and was stopped; "
+                "split it into smaller steps"
+            ) from None
 
 
 __all__ = ["Calculator", "CalculatorArgs", "evaluate", "format_value"]

@@ -10,19 +10,34 @@ minus), never by substring (``118`` is not ``18``). Text answers: normalised exa
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import re
 import string
 from collections import Counter
 from typing import Any, Literal
 
-from flowgrpo.aio import run_sync
+from flowgrpo.aio import run_in_thread, run_sync
+from flowgrpo.bounded import BudgetExceeded, shared_pool
 from flowgrpo.rewards.base import Reward, final_answer, final_text
 from flowgrpo.rewards.code import run_code_tests
 from flowgrpo.types import Task, Trajectory
 
+log = logging.getLogger(__name__)
+
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _FRAC = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
+_FRAC_DIGITS = re.compile(r"\\[dt]?frac\s*(?:\{([^{}]*)\}|(\d))\s*(?:\{([^{}]*)\}|(\d))")
+_TEXT = re.compile(r"\\(?:text|mathrm|textbf|mbox)\s*\{([^{}]*)\}")
+_DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°|\\degree")
+_BRACED_POWER = re.compile(r"\^\s*\{([^{}]*)\}")
+_SCI = re.compile(r"(?<![\w.])(\d+(?:\.\d*)?|\.\d+)[eE]([-+]?\d{1,4})(?![\w.])")
+_LEADING_ZEROS = re.compile(r"(?<![\d.,])0+(?=\d)")
+# A power the numeric path evaluates: an integer base of at most 4 digits to an integer exponent
+# of at most 3 digits, not itself raised again (9999**999 is about 13,000 bits: instant).
+_SAFE_POWER = re.compile(r"(?<![\w.)])\d{1,4}\*\*\(?[-+]?\d{1,3}\)?(?![\w.(]|\*\*)")
+MAX_ANSWER_CHARS = 1000  # the normaliser reads at most this much of an answer
+SYMBOLIC_BUDGET_S = 2.0  # wall-clock budget of one symbolic comparison (in a worker process)
 _THOUSANDS = re.compile(r"(?<![\d.])(\d{1,3}(?:,\d{3})+)(?![\d])")
 
 
@@ -49,11 +64,16 @@ def normalize_math(s: str) -> tuple[str, bool]:
     Handles ``\\boxed{}``, ``$...$``, ``\\frac{a}{b}``, thousands separators, currency, units and
     trailing words ("18 dollars"), a leading "x =" or "answer:", unicode minus, ``^`` powers.
     """
-    s = _strip_boxed(s.strip())
+    s = _strip_boxed(s.strip()[:MAX_ANSWER_CHARS])
     s = s.replace("\u2212", "-").replace("\u2013", "-").replace("\u00d7", "*").replace("\u00f7", "/")
     s = s.replace("\\left", "").replace("\\right", "").replace("\\!", "").replace("\\,", "")
     s = s.replace("\\cdot", "*").replace("\\times", "*").replace("\\div", "/")
+    s = _TEXT.sub(r" \1 ", s)  # \text{ cm} -> " cm " (a unit word, dropped below)
+    s = _DEGREES.sub("", s)  # 90^\circ, 90^{\circ}, 90°
+    s = _BRACED_POWER.sub(r"^(\1)", s)  # 10^{5} -> 10^(5)
     s = _FRAC.sub(r"(\1)/(\2)", s)
+    s = _FRAC_DIGITS.sub(lambda m: f"({m[1] or m[2]})/({m[3] or m[4]})", s)  # \frac12, \frac{1}2
+    s = _SCI.sub(r"\1*10^(\2)", s)  # 1.5e3, 1.5E-3
     s = s.replace("\\%", "%").replace("$", "").replace("\\", "")
     percent = "%" in s or bool(re.search(r"\bper\s*cent\b|\bpercent\b", s, re.I))
     s = s.replace("%", "")
@@ -61,11 +81,12 @@ def normalize_math(s: str) -> tuple[str, bool]:
     s = re.sub(r"^\s*(?:the\s+)?(?:final\s+)?(?:answer|result)\s*(?:is|:|=)?\s*", "", s, flags=re.I)
     s = re.sub(r"^\s*[a-zA-Z]\s*=\s*", "", s)  # "x = 5"
     s = _THOUSANDS.sub(lambda m: m.group(1).replace(",", ""), s)
+    s = _LEADING_ZEROS.sub("", s)  # 007 -> 7 (a Python int literal cannot have leading zeros)
     s = re.sub(r"[€£¥]|\b(?:USD|EUR|GBP)\b", "", s)
     # drop unit words around a number: "18 dollars", "3.5 kg", "about 7 apples each"
     # (a unit is a word after a space or 2+ letters, so "2x" keeps its variable)
     if re.search(r"\d", s):
-        s = re.sub(r"(?:\s+[A-Za-z]|[A-Za-z]{2})[A-Za-z\s'.]*$", "", s.strip()).strip()
+        s = re.sub(r"(?:\s*/\s*[A-Za-z]|\s+[A-Za-z]|[A-Za-z]{2})[A-Za-z\s'./]*$", "", s.strip()).strip()
     s = re.sub(r"^[A-Za-z][A-Za-z\s']*?(?=[-+(\d.])", "", s).strip()
     s = s.rstrip(".").strip().replace("^", "**")
     return s, percent
@@ -74,18 +95,21 @@ def normalize_math(s: str) -> tuple[str, bool]:
 def parse_number(s: str) -> Any | None:
     """A sympy number for a normalised numeric expression, or None.
 
-    Only digits, ``. + - * / ( )`` and spaces are parsed (nothing else reaches sympify), and powers
-    are refused, so a hostile answer cannot make the reward evaluate arbitrary code or hang.
+    Only digits, ``. + - * / ( )`` and spaces are parsed (nothing else reaches sympify), and the only
+    powers are small ones (``2**10``, ``10**(-3)``: a base of at most 4 digits, an exponent of at most
+    3, at most 4 of them, none raised again), so a hostile answer cannot make the reward evaluate
+    arbitrary code or hang.
     """
     import sympy
 
-    if not s or len(s) > 200 or "**" in s or not re.fullmatch(r"[-+*/().\d\s]+", s):
+    if not s or len(s) > 200 or not re.fullmatch(r"[-+*/().\d\s]+", s) or not re.search(r"\d", s):
         return None
-    if not re.search(r"\d", s):
+    powers = s.count("**")
+    if powers and (powers > 4 or len(_SAFE_POWER.findall(s)) != powers):
         return None
     try:
         v = sympy.sympify(s, rational=True)
-    except (sympy.SympifyError, SyntaxError, TypeError, ValueError, ZeroDivisionError):
+    except (sympy.SympifyError, SyntaxError, TypeError, ValueError, ArithmeticError, RecursionError):
         return None
     return v if getattr(v, "is_number", False) and v.is_finite else None
 
@@ -113,17 +137,29 @@ def math_equal(pred: str | None, gold: str | None, *, rel_tol: float = 1e-6) -> 
         return False
     if p and p == g:
         return True
-    return _symbolic_equal(p, g)
+    if not _symbolic_candidate(p) or not _symbolic_candidate(g):
+        return False
+    try:
+        return shared_pool().call(_symbolic_equal, p, g, timeout_s=SYMBOLIC_BUDGET_S)
+    except BudgetExceeded as e:
+        log.warning("symbolic comparison of %r and %r stopped: %s; scored as not equal", p, g, e)
+        return False
+
+
+def _symbolic_candidate(s: str) -> bool:
+    """Small expressions in single-letter variables (e.g. ``2x+1``): what :func:`_symbolic_equal`
+    reads; checked here so other answers never cost a worker round trip."""
+    if not s or len(s) > 100 or "**" in s or not re.fullmatch(r"[-+*/().\d\sa-z]+", s):
+        return False
+    return not re.search(r"[a-z]{2,}", s) and bool(re.search(r"[a-z]", s))
 
 
 def _symbolic_equal(a: str, b: str) -> bool:
-    """sympy equality for small symbolic expressions in single-letter variables (e.g. 2x+1)."""
-    if not a or not b or len(a) > 100 or len(b) > 100 or "**" in a + b:
-        return False
-    allowed = r"[-+*/().\d\sa-z]+"
-    if not (re.fullmatch(allowed, a) and re.fullmatch(allowed, b)):
-        return False
-    if re.search(r"[a-z]{2,}", a + b):  # words, not variables: do not feed them to sympy
+    """sympy equality for small symbolic expressions in single-letter variables (e.g. 2x+1).
+
+    Runs in a worker process under :data:`SYMBOLIC_BUDGET_S` (see :func:`math_equal`): ``simplify``
+    has no time bound of its own (a 53-character answer held the reward for ~25 s)."""
+    if not (_symbolic_candidate(a) and _symbolic_candidate(b)):
         return False
     try:
         from sympy.parsing.sympy_parser import (
@@ -220,7 +256,8 @@ class AccuracyReward(Reward):
             if answer is None or not tests:
                 return 0.0
             return float(await run_code_tests(answer, tests, timeout_s=self.code_timeout_s))
-        return self.score_answer(answer, task)
+        # off the event loop: a symbolic comparison waits up to SYMBOLIC_BUDGET_S for its worker
+        return await run_in_thread(self.score_answer, answer, task)
 
     def score(self, traj: Trajectory, task: Task) -> float:
         return run_sync(self.ascore(traj, task))
