@@ -225,7 +225,9 @@ def add_eval_parser(subparsers: argparse._SubParsersAction) -> None:
         "the exact McNemar p-value (recorded evaluations in RUN/eval.jsonl are reused).",
     )
     p.add_argument(
-        "config", help="a run directory (its latest checkpoint) or a YAML config (untrained model)"
+        "config",
+        help="a run directory (its latest checkpoint), an exported model directory (flowgrpo export), "
+        "or a YAML config (untrained model)",
     )
     _config_args(p)
     p.add_argument("--split", choices=["train", "test"], default="test")
@@ -245,7 +247,14 @@ def add_eval_parser(subparsers: argparse._SubParsersAction) -> None:
 def _run_eval(args: argparse.Namespace) -> int:
     from flowgrpo.pipeline import compare_checkpoints, evaluate_run
 
-    cfg = _load(args.config, args.overrides)
+    from flowgrpo.export import exported_config, is_run_dir
+
+    if _is_model_dir(args.config) and not is_run_dir(args.config):
+        # an exported (or any local HF) model directory: its own flowgrpo.yaml, or the defaults
+        cfg = exported_config(args.config, args.overrides)
+        args.checkpoint = "untrained"
+    else:
+        cfg = _load(args.config, args.overrides)
     if args.compare:
         a, b = args.compare
         try:
@@ -291,8 +300,10 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--model",
         default="smollm2-135m",
-        help="embedded model name, local HF directory, .gguf file, or 'tiny' (a random test model)",
+        help="a run directory (its latest checkpoint, or --step), an exported or other local HF "
+        "directory, an embedded model name, a .gguf file, or 'tiny' (a random test model)",
     )
+    p.add_argument("--step", type=int, help="with a run directory: serve this step's checkpoint")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (0 picks a free one; default 8000)")
     p.add_argument(
@@ -308,12 +319,55 @@ def _run_serve(args: argparse.Namespace) -> int:
 
     return serve_main(
         args.model,
+        step=args.step,
         host=args.host,
         port=args.port,
         autocast=args.autocast,
         max_batch_size=args.max_batch_size,
         model_name=args.served_model_name,
     )
+
+
+def add_export_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "export",
+        help="write a run's checkpoint as a Hugging Face model directory (safetensors + tokenizer)",
+        description="Write RUN's latest checkpoint (or --step N) to OUT as a save_pretrained directory: "
+        "safetensors weights, config, tokenizer and chat template (LoRA policies merged). "
+        "transformers.AutoModelForCausalLM.from_pretrained(OUT) loads it; flowgrpo serve --model OUT "
+        "and flowgrpo eval OUT use it.",
+    )
+    p.add_argument("run", help="the run directory")
+    p.add_argument("out", help="the directory to write (replaced if it exists)")
+    p.add_argument("--step", type=int, help="the checkpoint's step (default: the latest)")
+    p.set_defaults(func=_run_export)
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    from flowgrpo.export import export_checkpoint, is_run_dir
+
+    if not is_run_dir(args.run):
+        print(f"error: {args.run} is not a run directory (no config.yaml and checkpoints/)", file=sys.stderr)
+        return 2
+    out = export_checkpoint(args.run, args.out, step=args.step)
+    print(f"exported to {out}: load it with transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    return 0
+
+
+def _is_model_dir(path: str) -> bool:
+    from pathlib import Path
+
+    return (Path(path) / "config.json").is_file()
+
+
+def _user_error(e: Exception) -> bool:
+    """Errors whose message says how to fix the input: printed as one line, exit 2 (no traceback)."""
+    from flowgrpo.checkpoint import CheckpointError
+    from flowgrpo.config import ConfigError
+    from flowgrpo.models import ModelLoadError
+    from flowgrpo.rundir import RunError
+
+    return isinstance(e, (CheckpointError, ConfigError, ModelLoadError, RunError))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -326,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     add_envs_parser(subparsers)
     add_tools_parser(subparsers)
     add_serve_parser(subparsers)
+    add_export_parser(subparsers)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
@@ -335,3 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `flowgrpo replay RUN | head`
         sys.stderr.close()
         return 0
+    except Exception as e:
+        if not _user_error(e):
+            raise
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2

@@ -304,19 +304,21 @@ def serve_in_thread(server: FlowGRPOServer) -> threading.Thread:
 
 
 def main(
-    model: str, *, host: str, port: int, autocast: str | None, max_batch_size: int, model_name: str | None
+    model: str,
+    *,
+    host: str,
+    port: int,
+    autocast: str | None,
+    max_batch_size: int,
+    model_name: str | None,
+    step: int | None = None,
 ) -> int:
-    """Entry point of ``flowgrpo serve``: load ``model`` and serve until interrupted."""
+    """Entry point of ``flowgrpo serve``: load ``model`` (a run directory's checkpoint, an exported
+    directory, a model name) and serve until interrupted."""
     from flowgrpo.backends.hf import HFBackend
+    from flowgrpo.export import load_served_policy
 
-    if model == "tiny":
-        from flowgrpo.models import tiny_model
-
-        m, tok = tiny_model()
-    else:
-        from flowgrpo.models import load_model
-
-        m, tok = load_model(model)
+    m, tok = load_served_policy(model, step=step)
     backend = HFBackend(m, tok, max_batch_size=max_batch_size, autocast_dtype=autocast)
     server = make_server(backend, tok, model_name=model_name or model, host=host, port=port)
     print(f"flowgrpo serve: {model} at {server.url}/v1", flush=True)
