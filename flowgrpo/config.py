@@ -19,6 +19,7 @@ from flowgrpo.lora import LoraSpec
 from flowgrpo.agentflow.config import AgentConfig
 from flowgrpo.rewards import RewardSpec
 from flowgrpo.rollout import RolloutConfig
+from flowgrpo.types import Termination
 
 
 class ConfigError(ValueError):
@@ -84,6 +85,30 @@ class PPOConfig(_Section):
         return self
 
 
+class OverlongConfig(_Section):
+    """DAPO's overlong handling, per episode over the action tokens of the whole trajectory
+    (docs/algorithms.md, "Overlong episodes")."""
+
+    buffer_len: int = Field(
+        0,
+        ge=0,
+        description="soft overlong punishment: the last buffer_len tokens of the budget ramp "
+        "the penalty from 0 to -penalty_factor (DAPO's L_cache); 0 = off",
+    )
+    penalty_factor: float = Field(1.0, ge=0.0, description="scale of the penalty added to the reward")
+    max_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="action-token budget of a trajectory (DAPO's L_max); default "
+        "rollout.max_turns * rollout.max_new_tokens",
+    )
+    mask_truncated: bool = Field(
+        False,
+        description="overlong filtering: episodes cut for length (termination max_tokens or "
+        "context_overflow, or the budget reached) stay in their group's baseline but out of the loss",
+    )
+
+
 class AlgorithmConfig(_Section):
     """Advantage estimator and policy loss (formulas: docs/algorithms.md)."""
 
@@ -114,6 +139,23 @@ class AlgorithmConfig(_Section):
         "length-normalised ratio per turn, clipped per turn; the paper clips at 3e-4/4e-4 with "
         "agg=turn_mean), cispo (clipped stop-gradient IS weight on REINFORCE); docs/algorithms.md",
     )
+
+    overlong: OverlongConfig = Field(default_factory=OverlongConfig)
+    exclude_terminations: list[Termination] = Field(
+        default_factory=list,
+        description="episodes that ended this way leave the update and their group's baseline "
+        "(e.g. [error, context_overflow]); a group left with < 2 episodes contributes nothing",
+    )
+
+    @field_validator("exclude_terminations")
+    @classmethod
+    def _not_finished(cls, v: list[Termination]) -> list[Termination]:
+        if Termination.finished in v:
+            raise ValueError(
+                "excluding 'finished' episodes would drop every episode that ended normally; list only "
+                f"failure modes: {[t.value for t in Termination if t is not Termination.finished]}"
+            )
+        return v
 
     @model_validator(mode="after")
     def _dual_clip_needs_ppo_clip(self) -> AlgorithmConfig:
@@ -204,6 +246,23 @@ class SFTSection(_Section):
 
 class TrainConfig(_Section):
     """The whole run."""
+
+    @property
+    def action_token_budget(self) -> int:
+        """The action tokens one trajectory may sample: ``algorithm.overlong.max_tokens`` or
+        ``rollout.max_turns * rollout.max_new_tokens``."""
+        return self.algorithm.overlong.max_tokens or self.rollout.max_turns * self.rollout.max_new_tokens
+
+    @model_validator(mode="after")
+    def _overlong_buffer_fits(self) -> TrainConfig:
+        b = self.algorithm.overlong.buffer_len
+        if b and b >= self.action_token_budget:
+            raise ValueError(
+                f"algorithm.overlong.buffer_len={b} must be smaller than the trajectory's action-token "
+                f"budget {self.action_token_budget} (algorithm.overlong.max_tokens, default "
+                "rollout.max_turns * rollout.max_new_tokens); lower it or raise the budget"
+            )
+        return self
 
     model: ModelConfig = Field(default_factory=ModelConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)

@@ -62,6 +62,7 @@ from flowgrpo.checkpoint import (
 from flowgrpo.components import Components, GroupScorer, build
 from flowgrpo.config import TrainConfig, dump_config
 from flowgrpo.env import Environment, Split
+from flowgrpo.episodes import apply_overlong_penalty, exclude_terminations, is_truncated
 from flowgrpo.evaluation import EvalResult, evaluate, record_evaluation
 from flowgrpo.logprobs import action_logprobs
 from flowgrpo.lora import is_lora, reference_mode
@@ -300,6 +301,9 @@ class Trainer:
             "groups_trained": float(len(train_groups)),
             "groups_sampled": float(len(groups)),
             "resample_rounds": float(rounds),
+            "episodes_masked_truncated": float(
+                sum(not self._trainable(t) for t in trajs if t.excluded is None)
+            ),
             "lr": self.scheduler.get_last_lr()[0],
             "time/rollout_s": t_rollout,
             "time/update_s": t_update,
@@ -320,8 +324,27 @@ class Trainer:
             self.env_factory, tasks, cfg.train.group_size, policy_version=self.step
         )
         self.reward.score_groups(groups)
+        self._episode_rules(groups)
         self.parts.estimator(groups)
         return groups
+
+    def _episode_rules(self, groups: list[TrajectoryGroup]) -> None:
+        """Termination-aware exclusion and DAPO's overlong penalty, before the advantages."""
+        a = self.cfg.algorithm
+        exclude_terminations(groups, a.exclude_terminations)
+        if a.overlong.buffer_len:
+            apply_overlong_penalty(
+                groups,
+                max_tokens=self.cfg.action_token_budget,
+                buffer_len=a.overlong.buffer_len,
+                factor=a.overlong.penalty_factor,
+            )
+
+    def _trainable(self, traj: Trajectory) -> bool:
+        """Excluded episodes, and truncated ones under overlong filtering, never reach the loss."""
+        if traj.excluded is not None:
+            return False
+        return not (self.cfg.algorithm.overlong.mask_truncated and is_truncated(traj, self.cfg.action_token_budget))
 
     def _drop(self, group: TrajectoryGroup) -> bool:
         """Whether ``group`` is left out of the update: equal rewards give it no signal."""
@@ -332,7 +355,7 @@ class Trainer:
         """Policy updates on one rollout batch: ``epochs_per_batch`` passes, each split into
         ``minibatches_per_batch`` optimizer steps over whole trajectories."""
         cfg = self.cfg
-        trajs = [t for t in trajs if t.excluded is None]  # excluded episodes never reach the loss
+        trajs = [t for t in trajs if self._trainable(t)]
         if not trajs:
             return {"optimizer_steps": 0.0}
         rows = build_rows(trajs, pack=cfg.train.pack_rows)

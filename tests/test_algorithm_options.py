@@ -39,3 +39,33 @@ def test_sequence_losses_run_an_update(trainer, kind):
     tr = trainer(f"algorithm.loss={kind}", "algorithm.agg=turn_mean")
     m = tr.train_step()
     assert m["optimizer_steps"] == 1.0 and math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"])
+
+
+def test_overlong_and_exclusion_config():
+    cfg = load_config(None, ["rollout.max_turns=2", "rollout.max_new_tokens=64"])
+    assert cfg.action_token_budget == 128 and cfg.algorithm.overlong.buffer_len == 0
+    assert load_config(None, ["algorithm.overlong.max_tokens=300"]).action_token_budget == 300
+    with pytest.raises(ConfigError, match="buffer_len=128 must be smaller than the trajectory's action-token"):
+        load_config(None, ["rollout.max_turns=2", "rollout.max_new_tokens=64", "algorithm.overlong.buffer_len=128"])
+    cfg = load_config(None, ["algorithm.exclude_terminations=[error, context_overflow]"])
+    assert [t.value for t in cfg.algorithm.exclude_terminations] == ["error", "context_overflow"]
+    with pytest.raises(ConfigError, match="exclude_terminations"):
+        load_config(None, ["algorithm.exclude_terminations=[eror]"])
+    with pytest.raises(ConfigError, match="would drop every episode that ended normally"):
+        load_config(None, ["algorithm.exclude_terminations=[finished]"])
+
+
+def test_trainer_applies_overlong_rules_and_exclusion(trainer):
+    # max_new_tokens=2, max_turns=1: every episode's 2 tokens hit the budget of 2
+    tr = trainer("algorithm.overlong.buffer_len=1", "algorithm.overlong.penalty_factor=0.5")
+    groups = tr._rollout(2)
+    for g in groups:
+        for t in g.trajectories:
+            n = t.num_action_tokens
+            assert t.reward_breakdown["overlong"] == (-0.5 if n == 2 else 0.0)
+    tr = trainer("algorithm.overlong.mask_truncated=true")
+    m = tr.train_step()
+    assert m["episodes_masked_truncated"] == m["episodes"] and m["optimizer_steps"] == 0.0
+    tr = trainer("algorithm.exclude_terminations=[max_tokens]")
+    m = tr.train_step()
+    assert m["episodes_excluded"] == m.get("termination/max_tokens", 0.0)
