@@ -479,68 +479,73 @@ async def acheck_environment(
     sample = (splits["train"][: max(1, max_tasks_checked - 1)] + splits["test"][:1])[:max_tasks_checked]
     for task in sample:
         where = f"task {task.id!r}"
-        msgs = await env.reset(task)
-        if not isinstance(msgs, list) or not msgs or not all(isinstance(m, Message) for m in msgs):
-            problems.append(f"{where}: reset() must return a non-empty list[Message]")
-            continue
-        if msgs[-1].role != "user":
-            problems.append(f"{where}: reset() must end with the user message, got role {msgs[-1].role!r}")
-        if msgs[0].role == "system" and msgs[0].content != env.system_prompt:
-            warnings.append(f"{where}: the system message differs from env.system_prompt")
-        # a plain message: some feedback, not an end
-        r = await env.step(ParsedAction(message=Message(role="assistant", content="Let me think.")))
-        if _check_step_result(r, f"{where} plain step", problems):
-            if r.terminated:
-                warnings.append(f"{where}: a plain message without tool call or answer ended the episode")
-            elif not r.observations:
-                problems.append(
-                    f"{where}: a plain message got no observation (the model is left without feedback)"
-                )
-        # a parse error becomes an observation
-        if not r.terminated:
-            r = await env.step(
-                ParsedAction(
-                    message=Message(role="assistant", content="<tool_call>{bad"),
-                    errors=["bad JSON at char 1"],
-                )
-            )
-            ok = _check_step_result(r, f"{where} parse-error step", problems)
-            if ok and not r.terminated and not any("bad JSON" in m.content for m in r.observations):
-                problems.append(f"{where}: ParsedAction.errors must be shown to the model as observations")
-        # a bad tool call becomes an error observation bound to its call id
-        if env.tools and not r.terminated:
-            call = ToolCall(name=env.tools[0].name, arguments={"__no_such_argument__": 1})
-            r = await env.step(ParsedAction(message=Message(role="assistant", content="", tool_calls=[call])))
-            ok = _check_step_result(r, f"{where} bad-call step", problems)
-            if (
-                ok
-                and not r.terminated
-                and not any(m.role == "tool" and m.tool_call_id == call.id for m in r.observations)
-            ):
-                problems.append(
-                    f"{where}: a tool call must be answered by a tool message with its tool_call_id"
-                )
-            unknown = ToolCall(name="__no_such_tool__", arguments={})
-            if not r.terminated:
-                r = await env.step(
-                    ParsedAction(message=Message(role="assistant", content="", tool_calls=[unknown]))
-                )
-                ok = _check_step_result(r, f"{where} unknown-tool step", problems)
-                if ok and not r.terminated and not any(m.tool_call_id == unknown.id for m in r.observations):
-                    problems.append(f"{where}: an unknown tool must give an error observation")
-        # the answer convention ends the episode; stepping afterwards is an error
-        if not (r.terminated or r.truncated):
-            ans = task.answer if task.answer is not None else "x"
-            r = await env.step(
-                ParsedAction(message=Message(role="assistant", content=f"<answer>{ans}</answer>"), answer=ans)
-            )
-            if _check_step_result(r, f"{where} answer step", problems) and not r.terminated:
-                problems.append(f"{where}: an action with an answer must end the episode (terminated=True)")
         try:
-            await env.step(ParsedAction(message=Message(role="assistant", content="again")))
-            problems.append(f"{where}: step() after the episode ended must raise (EnvError), it returned")
-        except Exception:
-            pass
+            msgs = await env.reset(task)
+            if not isinstance(msgs, list) or not msgs or not all(isinstance(m, Message) for m in msgs):
+                problems.append(f"{where}: reset() must return a non-empty list[Message]")
+                continue
+            if msgs[-1].role != "user":
+                problems.append(f"{where}: reset() must end with the user message, got role {msgs[-1].role!r}")
+            if msgs[0].role == "system" and msgs[0].content != env.system_prompt:
+                warnings.append(f"{where}: the system message differs from env.system_prompt")
+            # a plain message: some feedback, not an end
+            r = await env.step(ParsedAction(message=Message(role="assistant", content="Let me think.")))
+            if _check_step_result(r, f"{where} plain step", problems):
+                if r.terminated:
+                    warnings.append(f"{where}: a plain message without tool call or answer ended the episode")
+                elif not r.observations:
+                    problems.append(
+                        f"{where}: a plain message got no observation (the model is left without feedback)"
+                    )
+            # a parse error becomes an observation
+            if not _ended(r):
+                r = await env.step(
+                    ParsedAction(
+                        message=Message(role="assistant", content="<tool_call>{bad"),
+                        errors=["bad JSON at char 1"],
+                    )
+                )
+                ok = _check_step_result(r, f"{where} parse-error step", problems)
+                if ok and not _ended(r) and not any("bad JSON" in m.content for m in r.observations):
+                    problems.append(f"{where}: ParsedAction.errors must be shown to the model as observations")
+            # a bad tool call becomes an error observation bound to its call id
+            if env.tools and not _ended(r):
+                call = ToolCall(name=env.tools[0].name, arguments={"__no_such_argument__": 1})
+                r = await env.step(ParsedAction(message=Message(role="assistant", content="", tool_calls=[call])))
+                ok = _check_step_result(r, f"{where} bad-call step", problems)
+                if (
+                    ok
+                    and not _ended(r)
+                    and not any(m.role == "tool" and m.tool_call_id == call.id for m in r.observations)
+                ):
+                    problems.append(
+                        f"{where}: a tool call must be answered by a tool message with its tool_call_id"
+                    )
+                unknown = ToolCall(name="__no_such_tool__", arguments={})
+                if not _ended(r):
+                    r = await env.step(
+                        ParsedAction(message=Message(role="assistant", content="", tool_calls=[unknown]))
+                    )
+                    ok = _check_step_result(r, f"{where} unknown-tool step", problems)
+                    if ok and not _ended(r) and not any(m.tool_call_id == unknown.id for m in r.observations):
+                        problems.append(f"{where}: an unknown tool must give an error observation")
+            # the answer convention ends the episode; stepping afterwards is an error
+            if not _ended(r):
+                ans = task.answer if task.answer is not None else "x"
+                r = await env.step(
+                    ParsedAction(message=Message(role="assistant", content=f"<answer>{ans}</answer>"), answer=ans)
+                )
+                if _check_step_result(r, f"{where} answer step", problems) and not _ended(r):
+                    problems.append(f"{where}: an action with an answer must end the episode (terminated=True)")
+            elif isinstance(r, StepResult) and r.truncated and not r.terminated:
+                warnings.append(f"{where}: the episode was truncated before the answer step; not checked")
+            try:
+                await env.step(ParsedAction(message=Message(role="assistant", content="again")))
+                problems.append(f"{where}: step() after the episode ended must raise (EnvError), it returned")
+            except Exception:
+                pass
+        except Exception as e:  # an env that raises mid-episode is a finding, not a crashed check
+            problems.append(f"{where}: the checks stopped at {type(e).__name__}: {e}")
 
     # 4. the oracle, if any, produces text
     oracle = env.oracle() if check_oracle else None
@@ -565,6 +570,12 @@ async def acheck_environment(
     for w in warnings:
         log.warning("check_environment(%s): %s", env.name, w)
     return warnings
+
+
+def _ended(r: object) -> bool:
+    """Whether a step result ends the episode (terminated or truncated); anything that is not a
+    StepResult (already reported) ends the checks of that task too."""
+    return not isinstance(r, StepResult) or r.terminated or r.truncated
 
 
 def check_environment(

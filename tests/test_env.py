@@ -132,6 +132,14 @@ def test_check_environment_passes_a_good_env() -> None:
     assert warnings == []
 
 
+@pytest.mark.parametrize("max_steps", [1, 2, 3])
+def test_check_environment_reports_on_an_env_that_truncates(max_steps: int) -> None:
+    """An env whose episodes are cut short after one step is not broken: the checks stop where
+    the episode ended and say what they could not check, instead of stepping a finished episode."""
+    warnings = check_environment(EchoEnv(max_steps=max_steps), make_env=lambda: EchoEnv(max_steps=max_steps))
+    assert len(warnings) == 3 and all("truncated before the answer step; not checked" in w for w in warnings)
+
+
 def test_check_environment_catches_overlapping_splits() -> None:
     with pytest.raises(EnvCheckError, match="train and test share 10 prompts"):
         check_environment(EchoEnv(overlap=True))
