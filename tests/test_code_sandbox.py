@@ -670,6 +670,7 @@ def test_unprivileged_caller_is_isolated():
     assert not rep["loopback_accepted_by_host"] or rep["weak"]["attacks"]["loopback"].startswith("blocked")
 
 
+@pytest.mark.slow
 def test_unprivileged_caller_with_delegated_cgroup():
     rep = run_unprivileged(delegate_cgroup=True)
     assert rep["caps"]["cgroup"] == "v1"
@@ -682,3 +683,33 @@ def test_unprivileged_caller_with_delegated_cgroup():
             # 4 x 200 MB in one call of 256 MB: the cgroup's OOM killer stops it, and says so
             assert r["memory_4x200mb"]["limit_hit"] == "memory", r
             assert r["memory_4x200mb"]["peak_memory_mb"] <= 256.5
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not CAPS.cgroup, reason="without a cgroup 32 x 1 GB would reach the host (per-process limits)"
+)
+def test_32_processes_of_1gb_stay_within_the_call():
+    code = textwrap.dedent(
+        """
+        import os
+        kids = []
+        for i in range(32):
+            pid = os.fork()
+            if pid == 0:
+                x = bytearray(2**30)
+                for j in range(0, len(x), 4096):
+                    x[j] = 1
+                os._exit(0)
+            kids.append(pid)
+        codes = [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in kids]
+        print(sum(c == -9 for c in codes), sum(c == 0 for c in codes))
+        raise SystemExit(1 if any(codes) else 0)
+        """
+    )
+    limits = SandboxLimits(memory_mb=1024, max_processes=64, wall_s=60, cpu_s=30)
+    host_pid_score = int(_read(f"/proc/{os.getpid()}/oom_score_adj"))
+    r = run_python(code, limits)
+    assert r.limit_hit == "memory" and r.peak_memory_mb <= 1024.5, r
+    killed, _ = map(int, r.stdout.split())
+    assert killed >= 1 and host_pid_score < 1000
