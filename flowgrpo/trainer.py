@@ -69,6 +69,7 @@ from flowgrpo.lora import is_lora, reference_mode
 from flowgrpo.loss import policy_loss, truncated_is_weights
 from flowgrpo.metrics import MetricsLogger, rollout_stats
 from flowgrpo.optim import adamw
+from flowgrpo.records import rewind_records
 from flowgrpo.resume import choose_checkpoint
 from flowgrpo.rollout import RolloutEngine
 from flowgrpo.types import Task, Trajectory, TrajectoryGroup
@@ -557,6 +558,8 @@ class Trainer:
                 load_reference(self.ckpt_root, data.reference, self.ref_model)
         self.parts.backend.sync_weights(self.model, version=self.step)
         log.info("resumed from %s at step %d", data.path, self.step)
+        rewound = rewind_records(self.out, self.step)  # the steps that re-run are recorded once
+        (log.warning if rewound.moved else log.info)("%s", rewound.describe(self.step))
         return True
 
     @contextmanager

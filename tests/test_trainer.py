@@ -268,3 +268,25 @@ def test_update_leaves_excluded_trajectories_out(tmp_path):
     m = tr.update(trajs)
     assert m["optimizer_steps"] == 1.0
     assert m["train_tokens"] == float(trajs[0].num_action_tokens)  # only the scored episode's tokens
+
+
+def test_resuming_from_an_older_checkpoint_records_each_step_once(tmp_path, caplog):
+    """A run reached step 3 but resumes from its step-2 checkpoint (as after a kill between
+    checkpoints): step 3 re-runs and replaces its trajectories and metrics instead of adding a
+    second copy; the superseded records are moved aside, and the log says so."""
+    import logging
+
+    common = (EXACT, "train.steps=3", "run.save_every=2")
+    make_trainer(tmp_path, *common).train()
+    run = tmp_path / "run"
+    older = run / "checkpoints" / "step_000002"
+    resumed = make_trainer(tmp_path, *common, f"run.resume={older}")
+    assert resumed.step == 2
+    with caplog.at_level(logging.WARNING):
+        resumed.train()
+    rd = RunDir(run)
+    assert [m.step for m in rd.metrics() if "reward_mean" in m.values] == [1, 2, 3]
+    assert len(rd.trajectories(3)) == 24  # 4 tasks x 6, once
+    assert "resuming at step 2: moved the records of later steps to" in caplog.text
+    aside = next((run / "superseded").iterdir())
+    assert len(read_trajectories(aside / "trajectories" / "step_000003.jsonl")) == 24
