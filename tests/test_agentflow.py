@@ -43,8 +43,12 @@ def test_parse_plan_and_verdict():
 
 
 def test_memory_cap_drops_oldest_then_cuts_the_newest():
-    enc = lambda s: [ord(c) for c in s]  # one token per character: lengths are countable by hand
-    dec = lambda ids: "".join(map(chr, ids))
+    def enc(s):
+        return [ord(c) for c in s]  # one token per character: lengths are countable by hand
+
+    def dec(ids):
+        return "".join(map(chr, ids))
+
     m = Memory(enc, dec, max_tokens=10_000, result_max_chars=10)
     assert m.render() == "(none yet)"
     r = m.add(1, "g", "t", "c", "abcdefghijklmnop")
@@ -67,7 +71,7 @@ def test_config_default_is_the_tool_agent_and_prompts_are_checked():
     assert cfg.agent.kind == "flow" and cfg.agent.executor.source == "reference"
     with pytest.raises(ConfigError, match="unknown field"):
         load_config(None, ['agent.prompts.planner="Q {question}"'])
-    with pytest.raises(ConfigError, match="server.base_url"):
+    with pytest.raises(ConfigError, match=r"server\.base_url"):
         load_config(None, ["agent.verifier.source=server"])
     with pytest.raises(ConfigError, match="did you mean"):
         load_config(None, ["agent.max_step=2"])
@@ -92,7 +96,7 @@ def planner_actor(chat: ChatFormat, *texts: str):
 
     async def act(ids, limit, conv):
         text = left.pop(0) if len(left) > 1 else left[0]
-        out = chat.encode(text) + [chat.end_of_turn_ids[0]]
+        out = [*chat.encode(text), chat.end_of_turn_ids[0]]
         return GenerationResult(token_ids=out, logprobs=[-0.5] * len(out), finish_reason="stop")
 
     return act
@@ -182,7 +186,11 @@ def test_flow_episode_endings():
     traj = Trajectory()
     asyncio.run(
         agent.run_episode(
-            env, env.tasks("train")[0], planner_actor(agent.chat, "x"), traj, RolloutConfig(max_context_tokens=8)
+            env,
+            env.tasks("train")[0],
+            planner_actor(agent.chat, "x"),
+            traj,
+            RolloutConfig(max_context_tokens=8),
         )
     )
     assert traj.termination == Termination.context_overflow and traj.turns == []
@@ -244,3 +252,45 @@ def test_tiny_model_one_rl_step_trains_only_planner_tokens(tmp_path):
     assert m["optimizer_steps"] == 1.0
     assert m["train_tokens"] == sum(len(turn.action_ids) for t in trajs for turn in t.turns)
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env_name", ["arithmetic", "multihop"])
+def test_embedded_model_flow_rl_step(tmp_path, env_name):
+    """SmolLM2-135M as planner (trained) and as executor, verifier and generator (the policy under
+    no_grad): rollout -> reward -> advantages -> update, then replay shows every module."""
+    from flowgrpo.trainer import Trainer
+
+    cfg = load_config(
+        None,
+        [
+            "model.name=smollm2-135m",
+            f"env.name={env_name}",
+            "agent.kind=flow",
+            "agent.max_steps=2",
+            "agent.executor.max_new_tokens=48",
+            "agent.verifier.max_new_tokens=4",
+            "agent.generator.max_new_tokens=16",
+            "rollout.max_new_tokens=32",
+            "rollout.sampling.temperature=1.0",
+            "train.tasks_per_step=1",
+            "train.group_size=2",
+            "train.steps=1",
+            "train.lr=1e-5",
+            "train.drop_zero_variance_groups=false",
+            "algorithm.kl_coef=0.01",
+            f"run.output_dir={tmp_path}",
+            "run.progress=false",
+        ],
+    )
+    trainer = Trainer(cfg)
+    m = trainer.train_step()
+    from flowgrpo.store import read_trajectories
+
+    trajs = [t for f in sorted((tmp_path / "trajectories").glob("*.jsonl")) for t in read_trajectories(f)]
+    assert len(trajs) == 2 and all(t.termination != Termination.error for t in trajs)
+    assert all(turn.resets_context and turn.advantage is not None for t in trajs for turn in t.turns)
+    assert m["optimizer_steps"] == 1.0
+    assert m["train_tokens"] == sum(len(turn.action_ids) for t in trajs for turn in t.turns)
+    text = format_trajectory(trajs[0], trainer.tokenizer)
+    assert "[planner output]" in text and "[memory after this step]" in text and "[generator output]" in text

@@ -141,7 +141,10 @@ class FlowAgent:
         tools = list(env.tools)
         by_name = {t.name: t for t in tools}
         memory = Memory(
-            self.chat.encode, self.chat.decode, max_tokens=cfg.memory_max_tokens, result_max_chars=cfg.result_max_chars
+            self.chat.encode,
+            self.chat.decode,
+            max_tokens=cfg.memory_max_tokens,
+            result_max_chars=cfg.result_max_chars,
         )
         env_done = False
         cost = {"executor": 0, "verifier": 0, "generator": 0}
@@ -150,10 +153,16 @@ class FlowAgent:
             # planner: a_t ~ pi(q, K, M), from a prompt rebuilt from scratch
             memory_text = memory.render()
             prompt = p.planner.format(
-                query=query, tools=describe_tools(tools), memory=memory_text, step=step, max_steps=cfg.max_steps
+                query=query,
+                tools=describe_tools(tools),
+                memory=memory_text,
+                step=step,
+                max_steps=cfg.max_steps,
             )
             msgs = [Message(role="system", content=p.planner_system), Message(role="user", content=prompt)]
-            ids = self.chat.initial_ids(msgs) + (self.chat.encode(p.planner_prefix) if p.planner_prefix else [])
+            ids = self.chat.initial_ids(msgs) + (
+                self.chat.encode(p.planner_prefix) if p.planner_prefix else []
+            )
             if len(ids) + 1 > rollout.max_context_tokens:
                 traj.termination = Termination.context_overflow
                 traj.metadata["prompt_tokens"] = len(ids)
@@ -206,7 +215,10 @@ class FlowAgent:
                     stepped = await asyncio.wait_for(env.step(parsed), step_timeout)
                 except asyncio.TimeoutError as e:
                     raise RuntimeError(f"env.step took longer than {step_timeout} s") from e
-                observations = [Message(role="assistant", name="executor", content=ex.text), *stepped.observations]
+                observations = [
+                    Message(role="assistant", name="executor", content=ex.text),
+                    *stepped.observations,
+                ]
                 result = "\n".join(o.content for o in stepped.observations)
                 turn.reward = float(stepped.reward)
                 if stepped.terminated or stepped.truncated:

@@ -38,13 +38,21 @@ def flow_text(meta: Mapping[str, Any]) -> str:
     if "memory_in" in meta:
         lines += ["    [memory M the planner read]", _indent(meta["memory_in"])]
     for name, io in _modules(meta):
-        lines += [f"    [{name} input]", _indent(io.get("prompt", "")), f"    [{name} output]", _indent(io.get("output", ""))]
+        lines += [
+            f"    [{name} input]",
+            _indent(io.get("prompt", "")),
+            f"    [{name} output]",
+            _indent(io.get("output", "")),
+        ]
     if "tool_result" in meta:
         lines += ["    [tool result]", _indent(meta["tool_result"])]
     if "answer" in meta:
         lines.append(f"    [final answer] {meta.get('answer')}")
     if "memory" in meta:
-        lines += ["    [memory after this step]" if "step" in meta else "    [final memory]", _indent(_memory_lines(meta["memory"]))]
+        lines += [
+            "    [memory after this step]" if "step" in meta else "    [final memory]",
+            _indent(_memory_lines(meta["memory"])),
+        ]
     return "\n".join(lines)
 
 
@@ -53,14 +61,18 @@ def flow_html(meta: Mapping[str, Any]) -> str:
     e = html.escape
     parts = []
     if "memory_in" in meta:
-        parts.append(f"<details><summary>memory M (planner input)</summary><pre>{e(str(meta['memory_in']))}</pre></details>")
+        parts.append(
+            f"<details><summary>memory M (planner input)</summary><pre>{e(str(meta['memory_in']))}</pre></details>"
+        )
     for name, io in _modules(meta):
         parts.append(
             f"<details><summary>{e(name)}: input / output</summary><pre>{e(str(io.get('prompt', '')))}</pre>"
             f"<pre><b>{e(str(io.get('output', '')))}</b></pre></details>"
         )
     if "memory" in meta:
-        parts.append(f"<details><summary>memory after this step</summary><pre>{e(_memory_lines(meta['memory']))}</pre></details>")
+        parts.append(
+            f"<details><summary>memory after this step</summary><pre>{e(_memory_lines(meta['memory']))}</pre></details>"
+        )
     return f'<div class="flow">{"".join(parts)}</div>'
 
 
