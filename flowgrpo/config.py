@@ -141,6 +141,16 @@ class AlgorithmConfig(_Section):
     )
 
     overlong: OverlongConfig = Field(default_factory=OverlongConfig)
+    entropy_coef: float = Field(
+        0.0, ge=0.0, description="entropy bonus: - entropy_coef * H per action token (0 = off)"
+    )
+    entropy_top_q: float | None = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        description="policy gradient only on the top-q fraction of highest-entropy action tokens of "
+        "the batch (Wang et al. 2025's 80/20 rule: 0.2); null = every token",
+    )
     exclude_terminations: list[Termination] = Field(
         default_factory=list,
         description="episodes that ended this way leave the update and their group's baseline "

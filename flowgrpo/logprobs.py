@@ -61,6 +61,7 @@ def action_logprobs(
     chunk_size: int = 1024,
     with_entropy: bool = False,
     share_prefix: bool = True,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(logprobs, entropy)``, both ``(B, T)`` float32, nonzero only where ``loss_mask`` is 1.
 
@@ -70,8 +71,8 @@ def action_logprobs(
 
     input_ids, attention_mask, loss_mask: ``(B, T)``, right padded. ``logprobs[b, t]`` is
     ``log p(input_ids[b, t] | input_ids[b, :t])`` (differentiable). ``entropy[b, t]`` is the entropy of
-    the predictive distribution at that token, computed without gradient (a metric), when
-    ``with_entropy``. ``loss_mask[:, 0]`` must be 0 (the first token has no context).
+    the predictive distribution at that token, when ``with_entropy``: without gradient (a metric)
+    unless ``entropy_grad`` (an entropy bonus in the loss). ``loss_mask[:, 0]`` must be 0 (the first token has no context).
     """
     B, T = input_ids.shape
     if loss_mask[:, 0].any():
@@ -105,7 +106,7 @@ def action_logprobs(
             lse = torch.logsumexp(logits, dim=-1)  # (C,)
             pieces.append(logits.gather(-1, tgt.unsqueeze(-1)).squeeze(-1) - lse)
             if with_entropy:
-                with torch.no_grad():
+                with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
                     p = torch.softmax(logits, dim=-1)
                     ents.append(lse - (p * logits).sum(-1))
     lp = torch.cat(pieces)  # (N,)

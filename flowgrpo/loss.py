@@ -308,6 +308,9 @@ def policy_loss(
     token_weights: torch.Tensor | None = None,
     is_weights: torch.Tensor | None = None,
     loss: PolicyLossKind = "ppo_clip",
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
+    pg_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped-surrogate policy loss with KL, aggregated per ``agg``; returns ``(loss, metrics)``.
 
@@ -320,7 +323,11 @@ def policy_loss(
     override ``agg`` (precomputed over a whole mini-batch with :func:`aggregation_weights` when the
     batch is split into micro-batches). ``loss`` picks the policy-gradient term from
     :data:`SURROGATES` (``ppo_clip`` above; ``gspo``: :func:`gspo_surrogate`; ``cispo``:
-    :func:`cispo_surrogate`); ``dual_clip`` applies to ``ppo_clip`` only.
+    :func:`cispo_surrogate`); ``dual_clip`` applies to ``ppo_clip`` only. ``entropy`` ``(B, T)``
+    (differentiable) with ``entropy_coef > 0`` adds the bonus ``-entropy_coef * H`` per token.
+    ``pg_mask`` ``(B, T)`` keeps the policy-gradient term only where it is 1 (e.g. the
+    highest-entropy tokens, :func:`entropy_top_q_threshold`); the KL and entropy terms and the
+    aggregation weights still cover every action token, so micro-batch sums stay exact.
 
     Metrics (floats, over masked tokens): ``pg_loss``, ``kl``, ``clip_frac`` (either side),
     ``clip_frac_low`` / ``clip_frac_high`` (ratio clipped with the gradient cut), ``dual_clip_frac``,
@@ -355,7 +362,11 @@ def policy_loss(
         pg = torch.where(neg, torch.minimum(pg, bound), pg)
     if is_weights is not None:
         pg = pg * is_weights.detach()
+    if pg_mask is not None:
+        pg = pg * pg_mask.detach().to(pg.dtype)
     per_token = pg
+    if entropy is not None and entropy_coef != 0.0:
+        per_token = per_token - entropy_coef * entropy
     kl = None
     if ref_logprobs is not None and kl_coef != 0.0:
         kl = kl_penalty(logprobs, ref_logprobs.detach(), kl_estimator)  # (B, T)
@@ -390,7 +401,24 @@ def policy_loss(
                 metrics["kl"] = float(kl_penalty(logprobs, ref_logprobs, kl_estimator)[on].mean())
             if is_weights is not None:
                 metrics["is_weight_mean"] = float(is_weights[on].mean())
+            if pg_mask is not None:
+                metrics["pg_token_frac"] = float(pg_mask[on].float().mean())
     return total, metrics
+
+
+def entropy_top_q_threshold(entropy: torch.Tensor, top_q: float) -> float:
+    """The entropy at or above which a token is among the ``top_q`` fraction of highest-entropy
+    tokens: the ``1 - top_q`` quantile of ``entropy`` ``(N,)`` (the action tokens of a batch).
+
+    Wang et al. 2025, "Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive Effective
+    Reinforcement Learning for LLM Reasoning" (arXiv:2506.01939): a policy gradient on only the top
+    20% highest-entropy ("forking") tokens matches or beats the full gradient.
+    """
+    if not 0.0 < top_q <= 1.0:
+        raise ValueError(f"top_q must be in (0, 1], got {top_q}")
+    if entropy.numel() == 0:
+        return float("inf")
+    return float(torch.quantile(entropy.detach().double().flatten(), 1.0 - top_q))
 
 
 def sft_loss(
@@ -413,6 +441,7 @@ __all__ = [
     "Surrogate",
     "aggregation_weights",
     "cispo_surrogate",
+    "entropy_top_q_threshold",
     "gspo_surrogate",
     "kl_penalty",
     "policy_loss",

@@ -66,7 +66,7 @@ from flowgrpo.episodes import apply_overlong_penalty, exclude_terminations, is_t
 from flowgrpo.evaluation import EvalResult, evaluate, record_evaluation
 from flowgrpo.logprobs import action_logprobs
 from flowgrpo.lora import is_lora, reference_mode
-from flowgrpo.loss import policy_loss, truncated_is_weights
+from flowgrpo.loss import entropy_top_q_threshold, policy_loss, truncated_is_weights
 from flowgrpo.metrics import MetricsLogger, rollout_stats
 from flowgrpo.optim import adamw
 from flowgrpo.records import rewind_records
@@ -345,7 +345,9 @@ class Trainer:
         """Excluded episodes, and truncated ones under overlong filtering, never reach the loss."""
         if traj.excluded is not None:
             return False
-        return not (self.cfg.algorithm.overlong.mask_truncated and is_truncated(traj, self.cfg.action_token_budget))
+        return not (
+            self.cfg.algorithm.overlong.mask_truncated and is_truncated(traj, self.cfg.action_token_budget)
+        )
 
     def _drop(self, group: TrajectoryGroup) -> bool:
         """Whether ``group`` is left out of the update: equal rewards give it no signal."""
@@ -370,6 +372,7 @@ class Trainer:
             with reference_mode(self.ref_model) as ref_model:
                 ref = self._precompute(ref_model, rows)
         old = self._precompute(self.model, rows) if cfg.algorithm.tis != "off" else None
+        keep = self._high_entropy_tokens(rows) if cfg.algorithm.entropy_top_q is not None else None
         by_seq: dict[int, list[Row]] = {}
         for r in rows:
             by_seq.setdefault(r.seq_index, []).append(r)
@@ -383,7 +386,7 @@ class Trainer:
             for k in range(n_mb):
                 part = perm[k * len(perm) // n_mb : (k + 1) * len(perm) // n_mb]
                 mb_rows = [r for s in part for r in by_seq[s]]
-                m = self._optimizer_step(mb_rows, ref, old)
+                m = self._optimizer_step(mb_rows, ref, old, keep=keep)
                 steps += 1
                 for key, v in m.items():
                     agg[key] = agg.get(key, 0.0) + v
@@ -396,7 +399,12 @@ class Trainer:
         return out
 
     def _optimizer_step(
-        self, rows: list[Row], ref: dict[int, torch.Tensor] | None, old: dict[int, torch.Tensor] | None
+        self,
+        rows: list[Row],
+        ref: dict[int, torch.Tensor] | None,
+        old: dict[int, torch.Tensor] | None,
+        *,
+        keep: dict[int, torch.Tensor] | None = None,
     ) -> dict[str, float]:
         cfg, a = self.cfg, self.cfg.algorithm
         self.optimizer.zero_grad(set_to_none=True)
@@ -409,7 +417,7 @@ class Trainer:
         for mb in micro_batches(
             rows, cfg.train.micro_batch_tokens, agg=a.agg, norm_len=a.norm_len, pad_id=self.parts.pad_id
         ):
-            lp, ent = self._logprobs(self.model, mb, with_entropy=True)
+            lp, ent = self._logprobs(self.model, mb, with_entropy=True, entropy_grad=a.entropy_coef > 0)
             old_lp, is_w = mb.old_logprobs, None
             if old is not None:  # trainer's recomputed old policy; correct the sampler gap with TIS
                 old_lp = self._gather(old, mb)
@@ -432,6 +440,9 @@ class Trainer:
                 loss=a.loss,
                 seq_index=mb.seq_index,
                 turn_index=mb.turn_index,
+                entropy=ent,
+                entropy_coef=a.entropy_coef,
+                pg_mask=self._gather(keep, mb) if keep is not None else None,
             )
             if self.critic is not None:  # PPO: + vf_coef * clipped value loss
                 v_loss, vm = self.critic.loss(mb, mb_action_tokens)
@@ -447,7 +458,7 @@ class Trainer:
             for k, v in m.items():
                 if k != "tokens":
                     sums[k] = sums.get(k, 0.0) + v * n
-            sums["entropy"] = sums.get("entropy", 0.0) + float((ent * mb.loss_mask).sum())
+            sums["entropy"] = sums.get("entropy", 0.0) + float((ent.detach() * mb.loss_mask).sum())
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm = float("nan")
         if finite:
@@ -468,7 +479,9 @@ class Trainer:
         return out
 
     # ------------------------------------------------------------------ helpers of the update
-    def _logprobs(self, model: Any, mb: MicroBatch, *, with_entropy: bool = False):
+    def _logprobs(
+        self, model: Any, mb: MicroBatch, *, with_entropy: bool = False, entropy_grad: bool = False
+    ):
         return action_logprobs(
             model,
             mb.input_ids,
@@ -478,7 +491,22 @@ class Trainer:
             autocast_dtype=self.parts.autocast,
             chunk_size=self.cfg.train.logprob_chunk,
             with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
         )
+
+    @torch.no_grad()
+    def _high_entropy_tokens(self, rows: list[Row]) -> dict[int, torch.Tensor]:
+        """Per-row 0/1 masks ``(len(row),)`` of the action tokens whose entropy under the policy
+        before this update is in the top ``algorithm.entropy_top_q`` of the whole batch (fixed
+        before the first micro-batch, so micro-batch sums stay exact)."""
+        ents: dict[int, torch.Tensor] = {}
+        for mb in micro_batches(rows, self.cfg.train.micro_batch_tokens, pad_id=self.parts.pad_id):
+            _, ent = self._logprobs(self.model, mb, with_entropy=True)
+            for i, r in enumerate(mb.rows):
+                ents[id(r)] = ent[i, : len(r)].clone()
+        on = torch.cat([ents[id(r)][torch.tensor(r.loss_mask, dtype=torch.bool)] for r in rows])  # (N,)
+        threshold = entropy_top_q_threshold(on, float(self.cfg.algorithm.entropy_top_q or 1.0))
+        return {k: (e >= threshold).float() for k, e in ents.items()}
 
     @torch.no_grad()
     def _precompute(self, model: Any, rows: list[Row]) -> dict[int, torch.Tensor]:

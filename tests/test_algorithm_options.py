@@ -69,3 +69,14 @@ def test_trainer_applies_overlong_rules_and_exclusion(trainer):
     tr = trainer("algorithm.exclude_terminations=[max_tokens]")
     m = tr.train_step()
     assert m["episodes_excluded"] == m.get("termination/max_tokens", 0.0)
+
+
+def test_entropy_options(trainer):
+    with pytest.raises(ConfigError, match="entropy_top_q"):
+        load_config(None, ["algorithm.entropy_top_q=1.5"])
+    with pytest.raises(ConfigError, match="entropy_coef"):
+        load_config(None, ["algorithm.entropy_coef=-0.1"])
+    tr = trainer("algorithm.entropy_coef=0.01", "algorithm.entropy_top_q=0.2")
+    m = tr.train_step()
+    assert m["optimizer_steps"] == 1.0 and "entropy" in m
+    assert 0.0 < m["pg_token_frac"] <= 0.5  # about the top fifth (ties at the threshold included)

@@ -259,3 +259,41 @@ def test_unknown_loss_and_dual_clip_outside_ppo_clip_are_errors():
         policy_loss(x, x, x, torch.ones(1, 2), loss="gpso")
     with pytest.raises(ValueError, match="dual_clip applies to loss='ppo_clip' only"):
         policy_loss(x, x, x, torch.ones(1, 2), loss="gspo", dual_clip=3.0)
+
+
+# ------------------------------------------------------------------ entropy control
+
+
+def test_entropy_bonus_hand_computed():
+    logprobs = torch.zeros(1, 3)
+    adv = torch.tensor([[1.0, 1.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    ent = torch.tensor([[2.0, 1.0, 9.0]], requires_grad=True)
+    loss, _ = policy_loss(logprobs, logprobs, adv, mask, entropy=ent, entropy_coef=0.1)
+    # pg per token -1 (ratio 1, A 1); bonus -0.1 * H on the two action tokens; token mean
+    assert loss.item() == pytest.approx((-1 - 0.2 - 1 - 0.1) / 2)
+    loss.backward()
+    assert ent.grad[0].tolist() == pytest.approx([-0.05, -0.05, 0.0])
+
+
+def test_pg_mask_keeps_the_gradient_of_chosen_tokens_only():
+    logprobs = torch.zeros(1, 4, requires_grad=True)
+    adv = torch.ones(1, 4)
+    keep = torch.tensor([[1.0, 0.0, 0.0, 1.0]])
+    loss, m = policy_loss(logprobs, logprobs.detach(), adv, torch.ones(1, 4), pg_mask=keep)
+    assert loss.item() == pytest.approx(-2 / 4)  # the denominator still counts every action token
+    assert m["pg_token_frac"] == 0.5
+    loss.backward()
+    assert logprobs.grad[0].tolist() == pytest.approx([-0.25, 0.0, 0.0, -0.25])
+
+
+def test_entropy_top_q_threshold():
+    from flowgrpo.loss import entropy_top_q_threshold
+
+    h = torch.arange(10, dtype=torch.float32)  # 0..9
+    t = entropy_top_q_threshold(h, 0.2)  # 0.8 quantile with linear interpolation: 7.2
+    assert t == pytest.approx(7.2)
+    assert int((h >= t).sum()) == 2
+    assert entropy_top_q_threshold(h, 1.0) == 0.0
+    with pytest.raises(ValueError, match="top_q must be in"):
+        entropy_top_q_threshold(h, 0.0)
