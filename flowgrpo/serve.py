@@ -6,7 +6,8 @@ server the ``openai`` backend is tested against. It speaks the vLLM dialect for 
 
 - ``GET /v1/models``
 - ``POST /v1/completions``: ``prompt`` as text, a list of token ids, or a list of either;
-  ``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop_token_ids``;
+  ``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop`` (strings),
+  ``stop_token_ids``;
   with ``logprobs`` (any int >= 0) the choice carries ``logprobs.token_logprobs`` (under the
   processed distribution, as vLLM's ``logprobs_mode="processed_logprobs"``) and ``logprobs.tokens``
   (``"token_id:N"`` strings when ``return_tokens_as_token_ids`` is true); every choice also
@@ -21,7 +22,9 @@ server the ``openai`` backend is tested against. It speaks the vLLM dialect for 
 
 Requests are served by a thread each and decoded one call at a time (the model is shared); a
 request with several prompts is decoded as one batch. This is a development and test server, not
-a production one: no authentication, no streaming.
+a production one: no authentication, no streaming. A parameter it does not implement (``stream:
+true``, penalties, ``logit_bias``...) is refused with a 400 that names it
+(:mod:`flowgrpo.openai_request`), never silently ignored; ``usage`` has ``total_tokens``.
 """
 
 from __future__ import annotations
@@ -36,7 +39,14 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from flowgrpo.backends.base import SamplingParams
+from flowgrpo.backends.base import GenerationResult, SamplingParams
+from flowgrpo.openai_request import (
+    Endpoint,
+    cut_at_stop,
+    stop_strings,
+    unsupported_message,
+    unsupported_params,
+)
 from flowgrpo.weightsync import WeightSyncError, load_weights
 
 log = logging.getLogger(__name__)
@@ -46,13 +56,33 @@ class _BadRequest(ValueError):
     pass
 
 
+def _accepted_stops(body: dict[str, Any], endpoint: Endpoint) -> list[str]:
+    """Refuse (400) a request that asks for something not implemented; return its stop strings."""
+    names = unsupported_params(body, endpoint)
+    if names:
+        raise _BadRequest(unsupported_message(names, endpoint))
+    try:
+        return stop_strings(body)
+    except ValueError as e:
+        raise _BadRequest(str(e)) from e
+
+
+def _stopped(r: GenerationResult, decode: Any, stops: list[str]) -> tuple[GenerationResult, str]:
+    """The result cut at its first stop string (finish reason ``stop``) and its text."""
+    cut = cut_at_stop(r.token_ids, decode, stops)
+    if cut is None:
+        return r, decode(r.token_ids)
+    k, text = cut
+    return r.model_copy(update={"token_ids": r.token_ids[:k], "logprobs": r.logprobs[:k], "finish_reason": "stop"}), text
+
+
 def _params(body: dict[str, Any], default_stop: list[int]) -> SamplingParams:
     try:
         return SamplingParams(
             temperature=float(body.get("temperature", 1.0)),
             top_p=float(body.get("top_p", 1.0)),
             top_k=max(0, int(body.get("top_k", 0) or 0)),
-            max_new_tokens=int(body.get("max_tokens") or 16),
+            max_new_tokens=int(body.get("max_tokens") or body.get("max_completion_tokens") or 16),
             stop_token_ids=list(body.get("stop_token_ids") or default_stop),
             seed=body.get("seed"),
         )
@@ -81,7 +111,18 @@ class FlowGRPOServer(ThreadingHTTPServer):
         return f"http://{host}:{port}"
 
     # ----------------------------------------------------------------- endpoint logic
+    def _decoder(self, body: dict[str, Any]) -> Any:
+        skip = bool(body.get("skip_special_tokens", True))
+        return lambda ids: self.tokenizer.decode(ids, skip_special_tokens=skip)
+
     def completions(self, body: dict[str, Any]) -> dict[str, Any]:
+        stops = _accepted_stops(body, "completions")
+        k_top = body.get("logprobs")
+        if k_top is not None and (not isinstance(k_top, int) or isinstance(k_top, bool) or k_top != 0):
+            raise _BadRequest(
+                "'logprobs' must be 0 here (each sampled token's logprob); top alternatives per token "
+                "are served by /v1/chat/completions with logprobs: true and top_logprobs: k"
+            )
         prompt = body.get("prompt")
         if prompt is None:
             raise _BadRequest("'prompt' is required (text, a list of token ids, or a list of either)")
@@ -105,13 +146,15 @@ class FlowGRPOServer(ThreadingHTTPServer):
         with self.weights_lock.reading():
             version = self.policy_version
             results = self.backend.generate_sync(ids, params)
+        cut = [_stopped(r, self._decoder(body), stops) for r in results]
+        results = [r for r, _ in cut]
         want_lp = body.get("logprobs") is not None
         as_ids = bool(body.get("return_tokens_as_token_ids"))
         choices = []
-        for i, r in enumerate(results):
+        for i, (r, text) in enumerate(cut):
             choice: dict[str, Any] = {
                 "index": i,
-                "text": self.tokenizer.decode(r.token_ids, skip_special_tokens=True),
+                "text": text,
                 "finish_reason": r.finish_reason,
                 "token_ids": r.token_ids,
                 "logprobs": None,
@@ -132,13 +175,11 @@ class FlowGRPOServer(ThreadingHTTPServer):
             "model": self.model_name,
             "policy_version": version,
             "choices": choices,
-            "usage": {
-                "prompt_tokens": sum(len(p) for p in ids),
-                "completion_tokens": sum(len(r.token_ids) for r in results),
-            },
+            "usage": _usage(sum(len(p) for p in ids), sum(len(r.token_ids) for r in results)),
         }
 
     def chat_completions(self, body: dict[str, Any]) -> dict[str, Any]:
+        stops = _accepted_stops(body, "chat")
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise _BadRequest("'messages' must be a non-empty list of {role, content}")
@@ -152,16 +193,15 @@ class FlowGRPOServer(ThreadingHTTPServer):
         with self.weights_lock.reading():
             version = self.policy_version
             results = self.backend.generate_sync([ids] * n, params)
+        cut = [_stopped(r, self._decoder(body), stops) for r in results]
+        results = [r for r, _ in cut]
         choices = [
             {
                 "index": i,
-                "message": {
-                    "role": "assistant",
-                    "content": self.tokenizer.decode(r.token_ids, skip_special_tokens=True),
-                },
+                "message": {"role": "assistant", "content": text},
                 "finish_reason": r.finish_reason,
             }
-            for i, r in enumerate(results)
+            for i, (r, text) in enumerate(cut)
         ]
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex[:16]}",
@@ -170,10 +210,7 @@ class FlowGRPOServer(ThreadingHTTPServer):
             "model": self.model_name,
             "policy_version": version,
             "choices": choices,
-            "usage": {
-                "prompt_tokens": len(ids) * n,
-                "completion_tokens": sum(len(r.token_ids) for r in results),
-            },
+            "usage": _usage(len(ids) * n, sum(len(r.token_ids) for r in results)),
         }
 
 
@@ -287,6 +324,14 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as e:  # a server bug must not kill the thread silently
             log.exception("request failed")
             self._error(500, f"{type(e).__name__}: {e}")
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def make_server(
