@@ -13,7 +13,9 @@ server the ``openai`` backend is tested against. It speaks the vLLM dialect for 
   (``"token_id:N"`` strings when ``return_tokens_as_token_ids`` is true); every choice also
   carries ``token_ids`` (the sampled ids, stop token included).
 - ``POST /v1/chat/completions``: ``messages`` rendered with the model's chat template (text mode,
-  for evaluation and judging).
+  for evaluation and judging); with ``logprobs: true`` and ``top_logprobs: k`` each choice carries
+  ``logprobs.content`` (every generated token with its top ``k`` alternatives, OpenAI's format, from
+  :func:`flowgrpo.toplogprobs.top_logprobs_content`): the verifier reward reads P(Yes) from it.
 - ``POST /v1/load_weights`` ``{"path": FILE, "version": N}``: the trainer's weight sync
   (:mod:`flowgrpo.weightsync`): the safetensors file's tensors are copied into the served model
   between requests (requests in flight finish on the old weights; new ones wait for the copy).
@@ -203,6 +205,15 @@ class FlowGRPOServer(ThreadingHTTPServer):
             }
             for i, (r, text) in enumerate(cut)
         ]
+        k = body.get("top_logprobs")
+        if body.get("logprobs") and k:
+            if not isinstance(k, int) or isinstance(k, bool) or not 0 < k <= 20:
+                raise _BadRequest("'top_logprobs' must be an integer from 1 to 20")
+            from flowgrpo.toplogprobs import top_logprobs_content
+
+            for choice, r in zip(choices, results, strict=True):
+                content = top_logprobs_content(self.backend.model, self.tokenizer, ids, r.token_ids, k)
+                choice["logprobs"] = {"content": content}
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex[:16]}",
             "object": "chat.completion",

@@ -216,6 +216,19 @@ class OpenAIBackend(BackendBase):
         **extra: Any,
     ) -> str:
         """The assistant's reply text (text mode: for evaluation and judges, never for training)."""
+        data = await self.chat_response(messages, temperature=temperature, max_tokens=max_tokens, **extra)
+        return data["choices"][0]["message"]["content"] or ""
+
+    async def chat_response(
+        self,
+        messages: Sequence[Message | dict[str, Any]],
+        *,
+        temperature: float = 0.0,
+        max_tokens: int = 512,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        """The whole ``/chat/completions`` reply, for fields beyond the text (``logprobs`` with
+        ``top_logprobs``: the verifier reward)."""
         body = {
             "model": self.model,
             "messages": [m.to_chat_dict() if isinstance(m, Message) else m for m in messages],
@@ -224,8 +237,7 @@ class OpenAIBackend(BackendBase):
             **extra,
         }
         async with self._client() as client:
-            data = await self._post(client, "/chat/completions", body)
-        return data["choices"][0]["message"]["content"] or ""
+            return await self._post(client, "/chat/completions", body)
 
     async def models(self) -> list[str]:
         """Model ids the server lists."""

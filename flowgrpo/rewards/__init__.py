@@ -7,6 +7,7 @@
 - :mod:`~flowgrpo.rewards.code`: the hidden tests of code tasks, run in :mod:`flowgrpo.sandbox`.
 - :mod:`~flowgrpo.rewards.judge`: ``judge``, an LLM grading the transcript.
 - :mod:`~flowgrpo.rewards.diversity`: ``diversity``, a group reward against similar responses.
+- :mod:`~flowgrpo.rewards.verifier`: ``verifier``, a verifier model's P(Yes) that the answer is right.
 
 These are the rewards of the seed diagrams (GSM8K GRPO with a "Math Acc", "Format", "DJ-Quality"
 LLM scorer and an embedding "Diversity" reward). ``make_reward(name, **kwargs)`` builds any of them
@@ -59,16 +60,19 @@ from flowgrpo.rewards.judge import (
     parse_score,
     render_transcript,
 )
+from flowgrpo.rewards.verifier import VERIFIER_TEMPLATE, HFVerifier, OpenAIVerifier, VerifierReward
 from flowgrpo.types import Message
 
 register_reward("accuracy", AccuracyReward)
 register_reward("format", FormatReward)
 register_reward("judge", JudgeReward)
 register_reward("diversity", DiversityReward)
+register_reward("verifier", VerifierReward)
 
 __all__ = [
     "JUDGE_TEMPLATE",
     "TESTS_PASSED_SENTINEL",
+    "VERIFIER_TEMPLATE",
     "AccuracyReward",
     "AnswerType",
     "ChatClient",
@@ -78,16 +82,19 @@ __all__ = [
     "FormatReward",
     "GroupRewardFn",
     "HFChatClient",
+    "HFVerifier",
     "JudgeCallError",
     "JudgeReward",
     "Message",
     "Missing",
     "OpenAIChatClient",
+    "OpenAIVerifier",
     "PolicyHiddenStateEmbedder",
     "Reward",
     "RewardFn",
     "RewardSpec",
     "Score",
+    "VerifierReward",
     "as_score",
     "build_test_program",
     "diversity_scores",
