@@ -36,6 +36,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from flowgrpo.files import atomic_directory
+from flowgrpo.lora import adapter_state_dict, is_lora, load_adapter_state
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,10 @@ def _aliases(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str,
 def policy_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The tensors of the policy a checkpoint stores and an export writes: every entry of the
     state dict once (tied weights under their first name), contiguous, on CPU. The one place that
-    decides what "the policy's weights" are (an adapter-only policy would return its adapters)."""
+    decides what "the policy's weights" are: a LoRA policy returns its adapters only (the base is
+    rebuilt from ``model.name``)."""
+    if is_lora(model):
+        return {k: v.detach().to("cpu").contiguous() for k, v in adapter_state_dict(model).items()}
     kept, _ = _aliases(model)
     return {k: v.detach().to("cpu").contiguous() for k, v in kept.items()}
 
@@ -116,6 +120,12 @@ def policy_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def load_policy_state(model: torch.nn.Module, tensors: dict[str, torch.Tensor], *, source: Path) -> None:
     """Copy ``tensors`` (from :func:`policy_state_dict`) into ``model``; names missing from them
     must be tied aliases of names present, anything else is a :class:`CheckpointError`."""
+    if is_lora(model) or (tensors and all("lora_" in k for k in tensors)):
+        try:
+            load_adapter_state(model, tensors)
+        except ValueError as e:
+            raise CheckpointError(f"{source}: {e}") from None
+        return
     _, alias = _aliases(model)
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     missing = [m for m in missing if m not in alias]

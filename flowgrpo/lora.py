@@ -12,8 +12,9 @@ reference logprobs for a peft policy).
   ``dropout``; peft's names).
 - :func:`apply_lora` wraps a transformers causal LM in a ``PeftModel`` (base weights frozen).
 - :func:`reference_mode` is the context in which the policy computes reference logprobs.
-- :func:`policy_state_dict` / :func:`load_policy_state_dict`: what a checkpoint stores of the policy
-  (the adapters only for a LoRA policy; everything otherwise).
+- :func:`adapter_state_dict` / :func:`load_adapter_state`: the adapters, which are all a checkpoint
+  stores of a LoRA policy (:func:`flowgrpo.checkpoint.policy_state_dict`).
+- :func:`inference_state_dict`: the merged weights an inference engine loads (vLLM, a served policy).
 - :func:`merged_model` folds the adapters into the base weights and returns a plain transformers model
   (``W + (alpha / r) * B @ A``), which ``save_pretrained`` writes as an ordinary HF model.
 
@@ -109,30 +110,25 @@ def adapter_state_dict(model: Any) -> dict[str, Any]:
     return _peft().get_peft_model_state_dict(model)
 
 
-def policy_state_dict(model: Any) -> dict[str, Any]:
-    """What a checkpoint must hold to restore ``model``: only the adapters of a LoRA policy (the base
-    is rebuilt from ``model.name``), else the whole state dict."""
-    if is_lora(model):
-        return {k: v.detach().clone() for k, v in adapter_state_dict(model).items()}
-    return model.state_dict()
-
-
-def load_policy_state_dict(model: Any, state: dict[str, Any]) -> None:
-    """Inverse of :func:`policy_state_dict`; an adapters-only state into a full model (or the other
-    way round) is an error that says which."""
-    if is_lora(model):
-        result = _peft().set_peft_model_state_dict(model, state)
-        bad = [k for k in result.unexpected_keys if "lora_" in k]
-        missing = [k for k in result.missing_keys if "lora_" in k]
-        if bad or missing or not state:
-            raise ValueError(
-                "this checkpoint does not hold the adapters of this LoRA policy "
-                f"(missing {missing[:3]}, unexpected {bad[:3]}): was it saved with the same model.lora?"
-            )
-        return
-    if state and all("lora_" in k for k in state):
+def load_adapter_state(model: Any, state: dict[str, Any]) -> None:
+    """Load adapters (from :func:`adapter_state_dict`) into a LoRA policy; adapters into a full model,
+    or a state that lacks this policy's adapters, is an error that says which."""
+    if not is_lora(model):
         raise ValueError("this checkpoint holds LoRA adapters only: set model.lora as in the run that saved it")
-    model.load_state_dict(state)
+    try:
+        result = _peft().set_peft_model_state_dict(model, state)
+    except RuntimeError as e:  # shape mismatches: another base model or rank
+        first = str(e).strip().splitlines()[1:2] or [str(e)]
+        raise ValueError(
+            f"these adapters do not fit this policy ({first[0].strip()}): same model.name and model.lora?"
+        ) from None
+    bad = [k for k in result.unexpected_keys if "lora_" in k]
+    missing = [k for k in result.missing_keys if "lora_" in k]
+    if bad or missing or not state:
+        raise ValueError(
+            "this checkpoint does not hold the adapters of this LoRA policy "
+            f"(missing {missing[:3]}, unexpected {bad[:3]}): was it saved with the same model.lora?"
+        )
 
 
 def merged_state_dict(model: Any) -> dict[str, Any]:
@@ -180,10 +176,9 @@ __all__ = [
     "adapter_state_dict",
     "apply_lora",
     "is_lora",
-    "load_policy_state_dict",
+    "load_adapter_state",
     "inference_state_dict",
     "merged_model",
     "merged_state_dict",
-    "policy_state_dict",
     "reference_mode",
 ]

@@ -555,7 +555,7 @@ class Trainer:
         warm-started weights written once beside the checkpoints."""
         if self.ref_model is None:
             return None
-        if not self.counters["sft_done"]:
+        if not self.counters["sft_done"] or self.ref_model is self.model:  # LoRA: the base, adapters off
             return ReferencePointer(kind="initial", model=self.cfg.model.name)
         if not (self.ckpt_root / REFERENCE_FILE).is_file():
             return write_reference(self.ckpt_root, self.ref_model)

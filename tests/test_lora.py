@@ -8,7 +8,8 @@ import torch
 from test_trainer import EXACT, make_trainer, params
 
 from flowgrpo.logprobs import action_logprobs
-from flowgrpo.lora import LoraSpec, apply_lora, is_lora, merged_model, policy_state_dict, reference_mode
+from flowgrpo.checkpoint import POLICY_FILE, CheckpointError, load_policy_state, policy_state_dict
+from flowgrpo.lora import LoraSpec, apply_lora, is_lora, merged_model, reference_mode
 from flowgrpo.models import tiny_model
 
 pytest.importorskip("peft")
@@ -68,9 +69,17 @@ def test_lora_resume_is_exact(tmp_path):
     resumed.train()
     a, b = params(straight.model), params(resumed.model)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # the checkpoint holds the adapters only
+    from safetensors.torch import load_file
+
+    saved = load_file(str(tmp_path / "split" / "checkpoints" / "step_000003" / POLICY_FILE))
+    assert saved and all("lora_" in k for k in saved)
+    assert sum(v.numel() for v in saved.values()) == sum(
+        p.numel() for p in resumed.model.parameters() if p.requires_grad
+    )
 
 
-def test_policy_state_of_a_lora_model_is_its_adapters():
+def test_policy_state_of_a_lora_model_is_its_adapters(tmp_path):
     model, _ = tiny_model(seed=0)
     peft_model = apply_lora(model, LoraSpec(r=2, target_modules=["q_proj"]))
     state = policy_state_dict(peft_model)
@@ -78,6 +87,11 @@ def test_policy_state_of_a_lora_model_is_its_adapters():
     assert sum(v.numel() for v in state.values()) == sum(
         p.numel() for p in peft_model.parameters() if p.requires_grad
     )
+    with pytest.raises(CheckpointError, match="adapters only"):
+        load_policy_state(tiny_model(seed=0)[0], state, source=tmp_path)
+    with pytest.raises(CheckpointError, match="same model.lora"):
+        other = apply_lora(tiny_model(seed=0)[0], LoraSpec(r=2, target_modules=["v_proj"]))
+        load_policy_state(other, state, source=tmp_path)
     with pytest.raises(ValueError, match="matches no layer"):
         apply_lora(tiny_model(seed=0)[0], LoraSpec(target_modules=["no_such_proj"]))
 
@@ -96,3 +110,20 @@ def test_merged_model_gives_the_logprobs_of_base_plus_adapters(tmp_path):
 
     again = AutoModelForCausalLM.from_pretrained(out)
     torch.testing.assert_close(logprobs_of(again, ids), logprobs_of(tr.model, ids), atol=1e-5, rtol=0)
+
+
+def test_export_of_a_lora_run_writes_the_merged_plain_model(tmp_path):
+    """``flowgrpo export RUN OUT`` on a LoRA run: a plain transformers model (no adapters) with the
+    policy's logprobs."""
+    from transformers import AutoModelForCausalLM
+
+    from flowgrpo.cli import main
+
+    tr = make_trainer(tmp_path, LORA, "model.name=tiny", "train.steps=2", "run.save_every=0")
+    tr.train()
+    out = tmp_path / "exported"
+    assert main(["export", str(tmp_path / "run"), str(out)]) == 0
+    plain = AutoModelForCausalLM.from_pretrained(out)
+    assert not any("lora_" in k for k in plain.state_dict())
+    ids = torch.randint(3, 100, (2, 12), generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(logprobs_of(plain, ids), logprobs_of(tr.model, ids), atol=1e-5, rtol=0)
