@@ -155,12 +155,23 @@ def test_embedded_model_verifies_its_own_answers_locally_and_through_serve():
     serve_in_thread(srv)
     try:
         local = VerifierReward(model=model, tokenizer=tok)
-        remote = VerifierReward(base_url=srv.url, server_model="smollm2")
+        remote = VerifierReward(base_url=srv.url, server_model="smollm2", timeout_s=600)
         g1, g2 = _group(), _group()
         CompositeReward([RewardSpec(name="verifier")], fns={"verifier": local}).score_groups([g1])
         CompositeReward([RewardSpec(name="verifier")], fns={"verifier": remote}).score_groups([g2])
         for x, y in zip(g1.trajectories[:2], g2.trajectories[:2], strict=True):
+            assert x.excluded is None and y.excluded is None
             assert x.reward == pytest.approx(y.reward, abs=1e-3) and math.isfinite(x.reward)
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_the_verifier_example_config_validates():
+    from pathlib import Path
+
+    from flowgrpo.config import load_config
+
+    cfg = load_config(Path(__file__).parent.parent / "examples" / "calculator_verifier.yaml")
+    assert [r.name for r in cfg.rewards] == ["verifier", "format"]
+    assert cfg.rewards[0].kwargs["hf_model"] == "smollm2-135m"
