@@ -235,10 +235,24 @@ class RunSection(_Section):
         False, description="resume with no checkpoint left: start from step 0, moving old records aside"
     )
     save_trajectories: bool = True
-    tensorboard: bool = False
+    log_to: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(
+        default_factory=lambda: ["jsonl"],
+        description="where step metrics go: jsonl (RUN/metrics.jsonl, always written), tensorboard "
+        "(RUN/tensorboard), wandb (needs wandb installed; WANDB_MODE=offline respected)",
+    )
     progress: bool = True
     eval_every: int = Field(0, ge=0, description="steps between evaluations (0: off)")
     eval_n: int | None = Field(None, ge=1, description="test tasks per evaluation (default: all)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tensorboard_moved(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "tensorboard" in data:
+            raise ValueError(
+                "run.tensorboard was replaced by run.log_to: write run.log_to=[jsonl, tensorboard] "
+                "(or drop the key)"
+            )
+        return data
 
 
 class SFTSection(_Section):

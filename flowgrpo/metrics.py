@@ -94,34 +94,36 @@ def _std(xs: list[float]) -> float:
 
 
 class MetricsLogger:
-    """Appends one JSON object per step to ``path``; mirrors scalars to TensorBoard when asked
-    (``tensorboard`` is imported lazily, only then)."""
+    """Appends one JSON object per step to ``path`` (always: the run's record) and mirrors the
+    finite scalars to the trackers of ``log_to`` (``tensorboard``, ``wandb``; see
+    :mod:`flowgrpo.tracking`, each imported only when named)."""
 
-    def __init__(self, path: str | os.PathLike, *, tensorboard: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        log_to: Sequence[str] = ("jsonl",),
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        from flowgrpo.tracking import make_sinks
+
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as e:
-                raise ImportError(
-                    "run.tensorboard=true needs the tensorboard package: pip install 'flowgrpo[tensorboard]'"
-                ) from e
-            self._tb = SummaryWriter(str(self.path.parent / "tensorboard"))
+        self._sinks = make_sinks(tuple(log_to), self.path.parent, config)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
+        from flowgrpo.tracking import scalars_of
+
         rec = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
         append_line(self.path, json.dumps(rec))
-        if self._tb is not None:
-            for k, v in metrics.items():
-                if isinstance(v, int | float) and math.isfinite(v):
-                    self._tb.add_scalar(k, v, step)
-            self._tb.flush()
+        if self._sinks:
+            scalars = scalars_of(metrics)
+            for sink in self._sinks:
+                sink.log(step, scalars)
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
+        for sink in self._sinks:
+            sink.close()
 
 
 def _jsonable(v: Any) -> Any:

@@ -187,7 +187,9 @@ class Trainer:
         self.counters = {"nan_skipped_steps": 0, "sft_done": 0}
         self.out = Path(cfg.run.output_dir)
         self.ckpt_root = self.out / "checkpoints"
-        self.metrics = MetricsLogger(self.out / "metrics.jsonl", tensorboard=cfg.run.tensorboard)
+        self.metrics = MetricsLogger(
+            self.out / "metrics.jsonl", log_to=cfg.run.log_to, config=cfg.model_dump(mode="json")
+        )
         self._stop_signal: int | None = None
         self.out.mkdir(parents=True, exist_ok=True)
         dump_config(cfg, self.out / "config.yaml")

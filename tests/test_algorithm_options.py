@@ -16,7 +16,7 @@ def test_defaults_are_todays_behaviour():
 
 def test_loss_choices_and_dual_clip_rule():
     assert load_config(None, ["algorithm.loss=gspo"]).algorithm.loss == "gspo"
-    with pytest.raises(ConfigError, match="algorithm.loss"):
+    with pytest.raises(ConfigError, match=r"algorithm\.loss"):
         load_config(None, ["algorithm.loss=gpso"])
     with pytest.raises(ConfigError, match="dual_clip applies to loss=ppo_clip only"):
         load_config(None, ["algorithm.loss=cispo", "algorithm.dual_clip=3"])
