@@ -245,9 +245,8 @@ def add_eval_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_eval(args: argparse.Namespace) -> int:
-    from flowgrpo.pipeline import compare_checkpoints, evaluate_run
-
     from flowgrpo.export import exported_config, is_run_dir
+    from flowgrpo.pipeline import compare_checkpoints, evaluate_run
 
     if _is_model_dir(args.config) and not is_run_dir(args.config):
         # an exported (or any local HF) model directory: its own flowgrpo.yaml, or the defaults
@@ -370,6 +369,19 @@ def _user_error(e: Exception) -> bool:
     return isinstance(e, (CheckpointError, ConfigError, ModelLoadError, RunError))
 
 
+def _console_logging() -> None:
+    """flowgrpo's own INFO messages on stderr (model loads, checkpoint writes, warnings): a long
+    phase never runs silently. Libraries keep their own levels."""
+    import logging
+
+    logger = logging.getLogger("flowgrpo")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s flowgrpo: %(message)s", "%H:%M:%S"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="flowgrpo", description=_first_line(__doc__))
     subparsers = parser.add_subparsers(dest="command")
@@ -385,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    _console_logging()
     try:
         return int(args.func(args))
     except BrokenPipeError:  # `flowgrpo replay RUN | head`

@@ -168,13 +168,21 @@ def evaluate(
     groups: list[TrajectoryGroup] = []
     try:
         for i in range(0, len(tasks), per_wave):
-            groups += engine.run_groups(
-                parts.env_factory, tasks[i : i + per_wave], samples, policy_version=step, on_episode=on_episode
+            wave = engine.run_groups(
+                parts.env_factory,
+                tasks[i : i + per_wave],
+                samples,
+                policy_version=step,
+                on_episode=on_episode,
             )
+            reward.score_groups(wave)  # per wave (groups are scored independently): a running accuracy
+            groups += wave
+            if bar is not None:
+                done = [accuracy_of(t) >= 1.0 for g in groups for t in g.trajectories]
+                bar.set_postfix(acc=f"{sum(done) / len(done):.3f}")
     finally:
         if bar is not None:
             bar.close()
-    reward.score_groups(groups)
     result = summarize(
         groups,
         label=label,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +142,10 @@ def local_model_dir(name_or_path: str) -> Path:
         return path
     path = _cached_dir_for(gguf, label)
     if not (path / "config.json").is_file():
+        t0 = time.monotonic()
+        log.info("converting %s to safetensors in %s (once; ~15 s) ...", gguf.name, path)
         convert_to_cache(gguf, path)
+        log.info("converted %s in %.1f s", gguf.name, time.monotonic() - t0)
     return path
 
 
@@ -173,11 +177,14 @@ def load_model(
         model = model.to(torch_dtype)
         return (model.to(device) if device else model), _finish_tokenizer(tok)
     path = local_model_dir(name_or_path)
+    t0 = time.monotonic()
+    log.info("loading %s from %s ...", name_or_path, path)
     try:
         tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True)
     except OSError as e:
         raise ModelLoadError(f"cannot load a causal LM from {path}: {e}") from e
+    log.info("loaded %s in %.1f s", name_or_path, time.monotonic() - t0)
     if getattr(model, "hf_quantizer", None) is not None:
         detach_quantizer(model)
     if device:

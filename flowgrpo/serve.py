@@ -75,7 +75,8 @@ def _stopped(r: GenerationResult, decode: Any, stops: list[str]) -> tuple[Genera
     if cut is None:
         return r, decode(r.token_ids)
     k, text = cut
-    return r.model_copy(update={"token_ids": r.token_ids[:k], "logprobs": r.logprobs[:k], "finish_reason": "stop"}), text
+    update = {"token_ids": r.token_ids[:k], "logprobs": r.logprobs[:k], "finish_reason": "stop"}
+    return r.model_copy(update=update), text
 
 
 def _params(body: dict[str, Any], default_stop: list[int]) -> SamplingParams:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 import torch
 
@@ -26,6 +28,8 @@ from flowgrpo.types import Trajectory
 
 log = logging.getLogger(__name__)
 
+DEMO_CHUNK = 16  # demonstrations run together between two progress updates
+
 
 class WarmStartError(RuntimeError):
     """A warm start that has nothing to learn from; the message says why."""
@@ -37,9 +41,27 @@ def demonstrations(
     """Episodes of ``policy`` (default: each environment's oracle) on train tasks ``offset ..
     offset + n_tasks``: ordinary trajectories with exact token ids, scored by the run's reward."""
     tasks = parts.tasks("train")[offset : offset + n_tasks]
-    groups = run_text_policy(parts.env_factory, tasks, policy, parts.tokenizer, parts.config.rollout)
+    groups = []
+    with _bar(parts, len(tasks), "sft demonstrations", "episode") as bar:
+        for i in range(0, len(tasks), DEMO_CHUNK):  # chunks: a progress bar that moves
+            groups += run_text_policy(
+                parts.env_factory, tasks[i : i + DEMO_CHUNK], policy, parts.tokenizer, parts.config.rollout
+            )
+            bar.update(len(tasks[i : i + DEMO_CHUNK]))
     parts.reward.score_groups(groups)
     return [t for g in groups for t in g.trajectories]
+
+
+@contextmanager
+def _bar(parts: Components, total: int, desc: str, unit: str) -> Iterator[Any]:
+    """A tqdm bar when ``run.progress`` is on (a disabled one otherwise)."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, desc=desc, unit=unit, leave=False, disable=not parts.config.run.progress)
+    try:
+        yield bar
+    finally:
+        bar.close()
 
 
 def successful(demos: Sequence[Trajectory]) -> list[Trajectory]:
@@ -89,29 +111,32 @@ def supervised_epochs(
     gen = torch.Generator().manual_seed(cfg.train.seed)
     hist = []
     model.train()
-    for _ in range(epochs):
+    for epoch in range(epochs):
         seqs = [list(by_seq)[i] for i in torch.randperm(len(by_seq), generator=gen).tolist()]
         tot, ntok = 0.0, 0.0
-        for k in range(0, len(seqs), batch_trajectories):
-            batch = [r for s in seqs[k : k + batch_trajectories] for r in by_seq[s]]
-            opt.zero_grad(set_to_none=True)
-            for mb in micro_batches(batch, cfg.train.micro_batch_tokens, pad_id=parts.pad_id):
-                lp, _ = action_logprobs(
-                    model,
-                    mb.input_ids,
-                    mb.attention_mask,
-                    mb.loss_mask,
-                    temperature=cfg.rollout.logprob_temperature,
-                    autocast_dtype=parts.autocast,
-                    chunk_size=cfg.train.logprob_chunk,
-                )
-                loss = sft_loss(lp, mb.loss_mask, mb.token_weights)
-                loss.backward()
-                tot += loss.item() * float(sum(r.num_action_tokens for r in batch))
-            if cfg.train.grad_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-            opt.step()
-            ntok += sum(r.num_action_tokens for r in batch)
+        with _bar(parts, len(seqs), f"sft epoch {epoch + 1}/{epochs}", "traj") as bar:
+            for k in range(0, len(seqs), batch_trajectories):
+                batch = [r for s in seqs[k : k + batch_trajectories] for r in by_seq[s]]
+                opt.zero_grad(set_to_none=True)
+                for mb in micro_batches(batch, cfg.train.micro_batch_tokens, pad_id=parts.pad_id):
+                    lp, _ = action_logprobs(
+                        model,
+                        mb.input_ids,
+                        mb.attention_mask,
+                        mb.loss_mask,
+                        temperature=cfg.rollout.logprob_temperature,
+                        autocast_dtype=parts.autocast,
+                        chunk_size=cfg.train.logprob_chunk,
+                    )
+                    loss = sft_loss(lp, mb.loss_mask, mb.token_weights)
+                    loss.backward()
+                    tot += loss.item() * float(sum(r.num_action_tokens for r in batch))
+                if cfg.train.grad_clip:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+                opt.step()
+                ntok += sum(r.num_action_tokens for r in batch)
+                bar.update(len(seqs[k : k + batch_trajectories]))
+                bar.set_postfix(loss=f"{tot / max(ntok, 1.0):.4f}")
         hist.append({"loss": tot / max(ntok, 1.0), "tokens": ntok})
         log.info("sft epoch: loss %.4f over %d tokens", hist[-1]["loss"], ntok)
     return hist

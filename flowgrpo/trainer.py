@@ -64,6 +64,7 @@ from flowgrpo.config import TrainConfig, dump_config
 from flowgrpo.env import Environment, Split
 from flowgrpo.episodes import apply_overlong_penalty, exclude_terminations, is_truncated
 from flowgrpo.evaluation import EvalResult, evaluate, record_evaluation
+from flowgrpo.idle import IdleWatch
 from flowgrpo.logprobs import action_logprobs
 from flowgrpo.lora import is_lora, reference_mode
 from flowgrpo.loss import entropy_top_q_threshold, policy_loss, truncated_is_weights
@@ -183,6 +184,7 @@ class Trainer:
             lr_lambda(cfg.train.lr_schedule, cfg.train.steps, cfg.train.warmup_steps, cfg.train.min_lr_ratio),
         )
         self.stream = TaskStream(parts.tasks("train"), cfg.train.seed)
+        self.idle = IdleWatch(cfg.train.group_size)  # says so when steps train nothing
         self.step = 0
         self.counters = {"nan_skipped_steps": 0, "sft_done": 0}
         self.out = Path(cfg.run.output_dir)
@@ -269,6 +271,7 @@ class Trainer:
         bar.close()
         if not (cfg.run.save_every and self.step % cfg.run.save_every == 0) or status == "interrupted":
             self.save()
+        self.idle.summary()
         return {"status": status, "step": self.step, **last}
 
     def train_step(self) -> dict[str, Any]:
@@ -316,6 +319,7 @@ class Trainer:
             **{k: float(v) for k, v in self.counters.items()},
         }
         self.metrics.log(self.step, m)
+        self.idle.observe(self.step, m)
         return m
 
     def _rollout(self, n_tasks: int) -> list[TrajectoryGroup]:
