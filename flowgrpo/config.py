@@ -208,6 +208,13 @@ class TrainSection(_Section):
         "as many fresh tasks as groups were dropped for equal rewards, to refill the update batch",
     )
     pack_rows: bool = Field(True, description="one row per episode (prefix merging)")
+    async_staleness: int = Field(
+        0,
+        ge=0,
+        description="0: rollout then update (synchronous); k >= 1: a rollout thread samples steps t+1..t+k "
+        "while step t updates, trajectories more than k versions old are dropped, and algorithm.tis "
+        "corrects the loss for the lag (required)",
+    )
     logprob_chunk: int = Field(1024, ge=1)
     seed: int = 0
 
@@ -304,6 +311,11 @@ class TrainConfig(_Section):
             raise ValueError(
                 f"train.minibatches_per_batch={self.train.minibatches_per_batch} exceeds the trajectories per "
                 f"step ({self.train.tasks_per_step} x {self.train.group_size}); lower it"
+            )
+        if self.train.async_staleness and self.algorithm.tis == "off":
+            raise ValueError(
+                f"train.async_staleness={self.train.async_staleness} trains on samples of older policies: "
+                "set algorithm.tis=token (or sequence_mask) so the loss corrects for it"
             )
         return self
 

@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from flowgrpo.advantages import is_zero_variance
+from flowgrpo.async_rollout import AsyncRollout, RolloutBatch, rollout_replica, staleness_stats
 from flowgrpo.batching import MicroBatch, Row, build_rows, micro_batches
 from flowgrpo.checkpoint import (
     REFERENCE_FILE,
@@ -184,6 +185,12 @@ class Trainer:
             lr_lambda(cfg.train.lr_schedule, cfg.train.steps, cfg.train.warmup_steps, cfg.train.min_lr_ratio),
         )
         self.stream = TaskStream(parts.tasks("train"), cfg.train.seed)
+        # train.async_staleness > 0: a rollout thread samples ahead (flowgrpo.async_rollout)
+        self.replica = rollout_replica(cfg, parts) if cfg.train.async_staleness else None
+        if self.replica is not None:
+            self.engine.backend = self.replica  # the rollout thread samples its own copy
+        self.producer: AsyncRollout | None = None
+        self._stream_state: dict[str, int] | None = None  # of the last batch trained on (async)
         self.idle = IdleWatch(cfg.train.group_size)  # says so when steps train nothing
         self.step = 0
         self.counters = {"nan_skipped_steps": 0, "sft_done": 0}
@@ -237,6 +244,14 @@ class Trainer:
         bar = tqdm(
             total=target, initial=self.step, disable=not cfg.run.progress, desc="flowgrpo", unit="step"
         )
+        if cfg.train.async_staleness and self.step < target:
+            self.producer = AsyncRollout(
+                self.collect,
+                staleness=cfg.train.async_staleness,
+                first_step=self.step,
+                last_step=target,
+                before_batch=self.replica.refresh if self.replica is not None else None,
+            )
         with self._signals():
             while self.step < target:
                 last = self.train_step()
@@ -269,6 +284,11 @@ class Trainer:
                 if cfg.run.save_every and self.step % cfg.run.save_every == 0:
                     self.save()
         bar.close()
+        if self.producer is not None:
+            self.producer.close()
+            self.producer = None
+            if self._stream_state is not None:  # batches drawn ahead are drawn again next time
+                self.stream.load_state_dict(self._stream_state)
         if not (cfg.run.save_every and self.step % cfg.run.save_every == 0) or status == "interrupted":
             self.save()
         self.idle.summary()
@@ -277,15 +297,14 @@ class Trainer:
     def train_step(self) -> dict[str, Any]:
         """One RL step: rollout -> rewards -> advantages -> updates -> logs. Returns its metrics."""
         cfg, t0 = self.cfg, time.monotonic()
-        self._reseed(self.step)
-        groups = self._rollout(cfg.train.tasks_per_step)
-        train_groups = [g for g in groups if not self._drop(g)]
-        rounds = 0
-        while rounds < cfg.train.resample_rounds and len(train_groups) < cfg.train.tasks_per_step:
-            extra = self._rollout(cfg.train.tasks_per_step - len(train_groups))
-            groups += extra
-            train_groups += [g for g in extra if not self._drop(g)]
-            rounds += 1
+        asynchronous: dict[str, float] = {}
+        if self.producer is None:
+            batch = self.collect(self.step)
+        else:  # sampled by the rollout thread, up to async_staleness versions behind
+            batch = self.producer.take(self.step)
+            self._stream_state = batch.stream_state
+            asynchronous = staleness_stats(batch.groups, self.step, cfg.train.async_staleness)
+        groups, train_groups, rounds = batch.groups, batch.train_groups, batch.rounds
         t_rollout = time.monotonic() - t0
         trajs = [t for g in train_groups for t in g.trajectories if t.turns and t.excluded is None]
         t1 = time.monotonic()
@@ -293,11 +312,15 @@ class Trainer:
         if upd["optimizer_steps"]:
             # the next rollout samples the updated policy: version step + 1
             self.parts.backend.sync_weights(self.model, version=self.step + 1)
+            if self.replica is not None:
+                self.replica.sync_weights(self.model, version=self.step + 1)
         t_update = time.monotonic() - t1
         with warnings.catch_warnings():  # a step whose update was skipped still advances the schedule
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
             self.scheduler.step()
         self.step += 1
+        if self.producer is not None:
+            self.producer.updated(self.step)
         if cfg.run.save_trajectories:
             self._save_trajectories(groups)
         stats = rollout_stats(groups, self.parts.parser)
@@ -307,6 +330,7 @@ class Trainer:
             "groups_trained": float(len(train_groups)),
             "groups_sampled": float(len(groups)),
             "resample_rounds": float(rounds),
+            **asynchronous,
             "episodes_masked_truncated": float(
                 sum(not self._trainable(t) for t in trajs if t.excluded is None)
             ),
@@ -321,6 +345,22 @@ class Trainer:
         self.metrics.log(self.step, m)
         self.idle.observe(self.step, m)
         return m
+
+    def collect(self, step: int) -> RolloutBatch:
+        """The rollout of ``step``: groups of the next ``tasks_per_step`` tasks, plus DAPO's
+        resample rounds to refill groups dropped for equal rewards (the rollout thread's job when
+        ``train.async_staleness`` > 0)."""
+        cfg, t0 = self.cfg, time.monotonic()
+        self._reseed(step)
+        groups = self._rollout(cfg.train.tasks_per_step)
+        train_groups = [g for g in groups if not self._drop(g)]
+        rounds = 0
+        while rounds < cfg.train.resample_rounds and len(train_groups) < cfg.train.tasks_per_step:
+            extra = self._rollout(cfg.train.tasks_per_step - len(train_groups))
+            groups += extra
+            train_groups += [g for g in extra if not self._drop(g)]
+            rounds += 1
+        return RolloutBatch(step, groups, train_groups, rounds, self.stream.state_dict(), time.monotonic() - t0)
 
     def _rollout(self, n_tasks: int) -> list[TrajectoryGroup]:
         """Groups of the next ``n_tasks`` tasks, rolled out with the current policy, scored, and
@@ -542,7 +582,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints and signals
     def save(self) -> Path:
-        extra = {"stream": self.stream.state_dict(), "counters": dict(self.counters)}
+        # the rollout thread may have drawn ahead: save the position of the last batch trained on
+        stream = self._stream_state if self.producer is not None and self._stream_state else None
+        extra = {"stream": stream or self.stream.state_dict(), "counters": dict(self.counters)}
         if self.critic is not None:
             extra["critic"] = self.critic.state_dict()
         return save_checkpoint(
