@@ -245,6 +245,8 @@ class Trainer:
             total=target, initial=self.step, disable=not cfg.run.progress, desc="flowgrpo", unit="step"
         )
         if cfg.train.async_staleness and self.step < target:
+            if self.replica is not None:  # the policy as it is now: warm-started, resumed
+                self.replica.sync_weights(self.model, version=self.step)
             self.producer = AsyncRollout(
                 self.collect,
                 staleness=cfg.train.async_staleness,

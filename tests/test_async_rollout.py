@@ -106,8 +106,13 @@ def test_async_training_samples_one_version_behind_and_saves_the_consumed_positi
     sync = make_trainer(tmp_path, *common, name="sync")
     sync.train()
     assert tr.stream.state_dict() == sync.stream.state_dict()
-    resumed = make_trainer(tmp_path, *common, "train.async_staleness=1", "run.resume=true", name="async")
+    resumed = make_trainer(
+        tmp_path, *common, "train.steps=5", "train.async_staleness=1", "run.resume=true", name="async"
+    )
     assert resumed.step == 4 and resumed.stream.state_dict() == sync.stream.state_dict()
+    resumed.train()  # the rollout thread's replica starts from the resumed weights
+    assert {t.policy_version for t in rd.trajectories(5)} == {4}
+    assert resumed.replica is not None and resumed.replica.version == 4
 
 
 def test_async_staleness_zero_is_the_synchronous_loop(tmp_path):
