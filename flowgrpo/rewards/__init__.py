@@ -7,6 +7,7 @@
 - :mod:`~flowgrpo.rewards.code`: the hidden tests of code tasks, run in :mod:`flowgrpo.sandbox`.
 - :mod:`~flowgrpo.rewards.judge`: ``judge``, an LLM grading the transcript.
 - :mod:`~flowgrpo.rewards.diversity`: ``diversity``, a group reward against similar responses.
+- :mod:`~flowgrpo.rewards.reward_model`: ``reward_model``, a learned sequence-classifier reward model.
 - :mod:`~flowgrpo.rewards.verifier`: ``verifier``, a verifier model's P(Yes) that the answer is right.
 
 These are the rewards of the seed diagrams (GSM8K GRPO with a "Math Acc", "Format", "DJ-Quality"
@@ -60,6 +61,7 @@ from flowgrpo.rewards.judge import (
     parse_score,
     render_transcript,
 )
+from flowgrpo.rewards.reward_model import RewardModelReward
 from flowgrpo.rewards.verifier import VERIFIER_TEMPLATE, HFVerifier, OpenAIVerifier, VerifierReward
 from flowgrpo.types import Message
 
@@ -68,6 +70,7 @@ register_reward("format", FormatReward)
 register_reward("judge", JudgeReward)
 register_reward("diversity", DiversityReward)
 register_reward("verifier", VerifierReward)
+register_reward("reward_model", RewardModelReward)
 
 __all__ = [
     "JUDGE_TEMPLATE",
@@ -92,6 +95,7 @@ __all__ = [
     "PolicyHiddenStateEmbedder",
     "Reward",
     "RewardFn",
+    "RewardModelReward",
     "RewardSpec",
     "Score",
     "VerifierReward",
