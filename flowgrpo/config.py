@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from flowgrpo.foreign_names import key_hint, value_hint
 from flowgrpo.lora import LoraSpec
 from flowgrpo.agentflow.config import AgentConfig
 from flowgrpo.rewards import RewardSpec
@@ -356,9 +357,13 @@ def _explain(e: ValidationError) -> str:
             valid = sorted(parent.model_fields) if parent else []
             close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
             hint = f"did you mean {'.'.join(map(str, (*loc[:-1], close[0])))!r}? " if close else ""
+            foreign = key_hint(str(loc[-1]))
+            hint = f"{foreign}; " if foreign else hint
             lines.append(f"  {dotted}: unknown key; {hint}valid keys here: {', '.join(valid)}")
         else:
-            lines.append(f"  {dotted}: {err['msg']} (got {err.get('input')!r})")
+            foreign = value_hint(str(loc[-1]), err.get("input")) if loc else None
+            hint = f"; {foreign}" if foreign else ""
+            lines.append(f"  {dotted}: {err['msg']} (got {err.get('input')!r}){hint}")
     return "invalid configuration:\n" + "\n".join(lines)
 
 

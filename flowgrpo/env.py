@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from flowgrpo.aio import run_sync
 from flowgrpo.parsing import ActionParser, HermesParser
+from flowgrpo.plugins import is_spec, load_object
 from flowgrpo.tool import Tool, execute_tool_calls, to_openai_schema
 from flowgrpo.types import Message, ParsedAction, Task, ToolCall
 
@@ -175,13 +176,18 @@ def _load_entry_points() -> None:
 def make(name: str, **kwargs: Any) -> Environment:
     """Build a registered environment. ``env.spec`` records how, for re-creation and checks."""
     _load_entry_points()
-    if name not in _REGISTRY:
+    if name not in _REGISTRY and is_spec(name):  # module:attr or path/to/file.py:attr
+        factory = load_object(name)
+    elif name not in _REGISTRY:
         raise KeyError(
             f"unknown environment {name!r}; registered: {', '.join(list_envs()) or '(none)'}. "
             f"Register one with flowgrpo.env.register(name, factory) or declare it in your package's "
-            f'entry points: [project.entry-points."{ENTRY_POINT_GROUP}"] {name} = "pkg.module:Class"'
+            f'entry points: [project.entry-points."{ENTRY_POINT_GROUP}"] {name} = "pkg.module:Class", '
+            "or name it as module:Class or path/to/file.py:Class"
         )
-    env = _REGISTRY[name](**kwargs)
+    else:
+        factory = _REGISTRY[name]
+    env = factory(**kwargs)
     env.spec = EnvSpec(name=name, kwargs=dict(kwargs))
     return env
 

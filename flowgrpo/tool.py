@@ -36,6 +36,8 @@ from typing import Any, Protocol, get_type_hints, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from flowgrpo.aio import run_in_thread, run_sync
+from flowgrpo.plugins import build as build_plugin
+from flowgrpo.plugins import is_spec, load_object
 from flowgrpo.types import Message, ToolCall
 
 ENTRY_POINT_GROUP = "flowgrpo.tools"
@@ -458,15 +460,19 @@ def list_tools() -> list[str]:
 def make_tool(name: str, **kwargs: Any) -> Tool:
     """Build the tool registered as ``name`` with ``kwargs`` (e.g. ``make_tool("search", corpus="docs.jsonl")``)."""
     factory = _REGISTRY.get(name)
-    if factory is None:
-        ep = _entry_points().get(name)
-        if ep is None:
-            raise UnknownToolError(
-                f"unknown tool {name!r}; available: {', '.join(list_tools()) or '(none)'}. Third-party tools "
-                f'register under the entry-point group "{ENTRY_POINT_GROUP}" (reinstall the package after adding one).'
-            )
-        factory = ep.load()
-    return factory(**kwargs)
+    if factory is not None:
+        return factory(**kwargs)
+    if is_spec(name):  # module:attr or path/to/file.py:attr
+        return build_plugin(load_object(name), kwargs, what="tool", name=name)
+    ep = _entry_points().get(name)
+    if ep is None:
+        raise UnknownToolError(
+            f"unknown tool {name!r}; available: {', '.join(list_tools()) or '(none)'}. Third-party tools "
+            f'register under the entry-point group "{ENTRY_POINT_GROUP}" (reinstall the package after adding one), '
+            "or name one as module:attr or path/to/file.py:attr."
+        )
+    # An entry point names a factory (a Tool class) or a ready tool (a @tool-decorated function).
+    return build_plugin(ep.load(), kwargs, what="tool", name=name)
 
 
 __all__ = [

@@ -27,11 +27,14 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from flowgrpo.aio import run_sync
+from flowgrpo.plugins import build as build_plugin
+from flowgrpo.plugins import is_spec, load_object
 from flowgrpo.types import Task, Trajectory, TrajectoryGroup
 
 log = logging.getLogger(__name__)
@@ -111,6 +114,7 @@ class Reward:
         return run_sync(self.ascore(traj, task))
 
 
+ENTRY_POINT_GROUP = "flowgrpo.rewards"
 _REWARDS: dict[str, Callable[..., Any]] = {}  # the built-ins are registered in flowgrpo/rewards/__init__.py
 
 
@@ -119,16 +123,30 @@ def register_reward(name: str, factory: Callable[..., Any]) -> None:
     _REWARDS[name] = factory
 
 
+def _entry_points() -> dict[str, Any]:
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
 def list_rewards() -> list[str]:
-    return sorted(_REWARDS)
+    """Registered rewards and those of installed packages (entry-point group ``flowgrpo.rewards``)."""
+    return sorted(set(_REWARDS) | set(_entry_points()))
 
 
 def make_reward(name: str, **kwargs: Any) -> Any:
-    if name not in _REWARDS:
+    """The reward registered as ``name``, declared by an entry point, or named ``module:attr`` /
+    ``path/to/file.py:attr``: a factory (a Reward class, a function of keyword arguments) is called
+    with ``kwargs``; a reward function of ``(traj, task)`` or ``(group)`` is used as it is."""
+    if name in _REWARDS:
+        return _REWARDS[name](**kwargs)
+    if is_spec(name):
+        return build_plugin(load_object(name), kwargs, what="reward", name=name)
+    ep = _entry_points().get(name)
+    if ep is None:
         raise KeyError(
-            f"unknown reward {name!r}; known: {', '.join(list_rewards())} (add one with register_reward)"
+            f"unknown reward {name!r}; known: {', '.join(list_rewards())} (add one with register_reward, "
+            f'the entry-point group "{ENTRY_POINT_GROUP}", or name it as module:attr or path/to/file.py:attr)'
         )
-    return _REWARDS[name](**kwargs)
+    return build_plugin(ep.load(), kwargs, what="reward", name=name)
 
 
 def _is_group_fn(fn: Any) -> bool:
