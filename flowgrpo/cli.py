@@ -8,7 +8,9 @@ fast.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import logging
 import sys
 
 
@@ -176,7 +178,7 @@ def _load(config: str, overrides: list[str]):
             return RunDir(path).config(overrides)
         return load_config(path, overrides)
     except (ConfigError, RunError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         raise SystemExit(2) from None
 
 
@@ -359,6 +361,9 @@ def _is_model_dir(path: str) -> bool:
     return (Path(path) / "config.json").is_file()
 
 
+_DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT}
+
+
 def _user_error(e: Exception) -> bool:
     """Errors whose message says how to fix the input: printed as one line, exit 2 (no traceback)."""
     from flowgrpo.checkpoint import CheckpointError
@@ -369,6 +374,19 @@ def _user_error(e: Exception) -> bool:
     return isinstance(e, (CheckpointError, ConfigError, ModelLoadError, RunError))
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of each record, not the stream it was
+    created with (which a caller running main() twice, or a test capture, may have closed)."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def _console_logging() -> None:
     """flowgrpo's own INFO messages on stderr (model loads, checkpoint writes, warnings): a long
     phase never runs silently. Libraries keep their own levels."""
@@ -376,7 +394,7 @@ def _console_logging() -> None:
 
     logger = logging.getLogger("flowgrpo")
     if not logger.handlers:
-        handler = logging.StreamHandler()
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s flowgrpo: %(message)s", "%H:%M:%S"))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
@@ -403,6 +421,13 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `flowgrpo replay RUN | head`
         sys.stderr.close()
         return 0
+    except OSError as e:
+        if e.errno not in _DISK_ERRNOS:
+            raise
+        # a full disk, a read-only or forbidden output directory: the path and the errno, one line
+        where = e.filename or "the output directory"
+        print(f"error: cannot write {where}: [Errno {e.errno}] {e.strerror}", file=sys.stderr)
+        return 2
     except Exception as e:
         if not _user_error(e):
             raise

@@ -12,6 +12,7 @@ live objects) and the rest is built around it.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 from collections.abc import Callable, Sequence
@@ -88,6 +89,8 @@ def build(
     the same on every run.
     """
     cfg = config
+    if env_factory is None:  # a wrong name fails here, in one line, before a model loads
+        check_env_name(cfg.env.name)
     seed_everything(cfg.train.seed)
     if model is None:
         if tokenizer is not None:
@@ -130,6 +133,22 @@ def env_factory_of(env: EnvConfig) -> Callable[[], Environment]:
     """Fresh environments as the ``env`` section names them (one per episode). Replay and the
     failure analysis use this part alone: it needs no model."""
     return functools.partial(_make_env, env.name, dict(env.kwargs))
+
+
+def check_env_name(name: str) -> None:
+    """A :class:`~flowgrpo.config.ConfigError` listing the registered environments when ``name``
+    is not one of them."""
+    from flowgrpo.config import ConfigError
+    from flowgrpo.env import list_envs
+
+    known = list_envs()
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(
+            f"env.name: unknown environment {name!r}; {hint}registered: {', '.join(known) or '(none)'} "
+            '(a package adds one under the entry-point group "flowgrpo.envs")'
+        )
 
 
 def _make_env(name: str, kwargs: dict[str, Any]) -> Environment:

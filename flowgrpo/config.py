@@ -308,6 +308,12 @@ class TrainConfig(_Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
+        if self.algorithm.name == "flow_grpo" and self.train.group_size < 2:
+            raise ValueError(
+                f"train.group_size={self.train.group_size} leaves every episode alone in its group: the "
+                f"group estimator ({self.algorithm.estimator}) gives it advantage 0 and nothing is "
+                "learned; set train.group_size to 2 or more, or algorithm.name=ppo"
+            )
         if self.train.minibatches_per_batch > self.train.tasks_per_step * self.train.group_size:
             raise ValueError(
                 f"train.minibatches_per_batch={self.train.minibatches_per_batch} exceeds the trajectories per "
@@ -425,9 +431,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if not p.is_file():
             raise ConfigError(f"config file {p} does not exist")
         try:
-            data = yaml.safe_load(p.read_text()) or {}
+            data = yaml.safe_load(p.read_text())
         except yaml.YAMLError as e:
             raise ConfigError(f"{p} is not valid YAML: {e}") from e
+        if data is None:  # an empty file is a mistake, not a request for a default 100-step run
+            raise ConfigError(
+                f"{p} is empty: write the sections you change (model, env, train, ...; see examples/), "
+                "or pass no config file to train with the defaults"
+            )
         if not isinstance(data, dict):
             raise ConfigError(f"{p} must hold a mapping of sections (model, env, train, ...)")
     if overrides:
