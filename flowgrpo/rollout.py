@@ -50,6 +50,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from flowgrpo import interrupt
 from flowgrpo.backends.base import (
     BackendName,
     GenerationResult,
@@ -480,7 +481,8 @@ class RolloutEngine:
             traj.termination = Termination.error
             traj.metadata["error"] = f"{type(e).__name__}: {e}"
             traj.metadata["traceback"] = traceback.format_exc(limit=6)
-            log.warning("episode of task %s ended with an error: %s", task.id, traj.metadata["error"])
+            if not isinstance(e, interrupt.Interrupted):  # a stop: the trainer says it once
+                log.warning("episode of task %s ended with an error: %s", task.id, traj.metadata["error"])
         finally:
             if batcher is not None:
                 batcher.episode_ended()

@@ -36,6 +36,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import os
 import random
 import signal
 import time
@@ -47,6 +48,7 @@ from typing import Any
 
 import torch
 
+from flowgrpo import interrupt
 from flowgrpo.advantages import is_zero_variance
 from flowgrpo.async_rollout import AsyncRollout, RolloutBatch, rollout_replica, staleness_stats
 from flowgrpo.batching import MicroBatch, Row, build_rows, micro_batches
@@ -231,8 +233,9 @@ class Trainer:
         """Run RL steps until ``config.train.steps`` (or ``until_step``), checkpointing every
         ``run.save_every`` steps and at the end, with a held-out evaluation every ``run.eval_every``
         steps (``eval_last_step=False`` skips it at the last step, for a caller that evaluates the
-        final policy on more tasks). SIGINT/SIGTERM finish the current step, write a checkpoint and
-        return (``status: "interrupted"``)."""
+        final policy on more tasks). SIGINT/SIGTERM stop the rollout within one decode step (the
+        step is discarded) or finish the current update, write a checkpoint of the last complete
+        step and return (``status: "interrupted"``); see :meth:`_signals`."""
         from tqdm.auto import tqdm
 
         cfg = self.cfg
@@ -256,7 +259,20 @@ class Trainer:
             )
         with self._signals():
             while self.step < target:
-                last = self.train_step()
+                stream_before = self.stream.state_dict() if self.producer is None else None
+                try:
+                    last = self.train_step()
+                except interrupt.Interrupted:  # stopped mid-rollout: the step never happened
+                    if stream_before is not None:
+                        self.stream.load_state_dict(stream_before)  # its tasks are drawn again
+                    log.warning(
+                        "signal %d: step %d discarded mid-rollout; checkpointing at step %d and stopping",
+                        self._stop_signal,
+                        self.step + 1,
+                        self.step,
+                    )
+                    status = "interrupted"
+                    break
                 bar.update(1)
                 bar.set_postfix(
                     reward=f"{last['reward_mean']:.3f}",
@@ -306,6 +322,7 @@ class Trainer:
             batch = self.producer.take(self.step)
             self._stream_state = batch.stream_state
             asynchronous = staleness_stats(batch.groups, self.step, cfg.train.async_staleness)
+        interrupt.check()  # a signal during the rollout: its episodes ended early, train on none
         groups, train_groups, rounds = batch.groups, batch.train_groups, batch.rounds
         t_rollout = time.monotonic() - t0
         trajs = [t for g in train_groups for t in g.trajectories if t.turns and t.excluded is None]
@@ -643,12 +660,18 @@ class Trainer:
     @contextmanager
     def _signals(self):
         """SIGINT/SIGTERM set a flag; the loop checkpoints after the current step and returns.
-        A second signal interrupts at once."""
+        The flag is also :func:`flowgrpo.interrupt.request_stop`, which the ``hf`` backend's decode
+        thread checks before every forward pass: a signal during a rollout stops it within one
+        decode step and the step is discarded; during an update the current step's optimizer steps
+        finish (``epochs_per_batch * minibatches_per_batch``, one by default). A second signal exits
+        at once (status 128 + signal number) without a checkpoint or a traceback."""
 
         def handler(signum, frame):
-            if self._stop_signal is not None:
-                raise KeyboardInterrupt
+            if self._stop_signal is not None:  # the second signal: leave now, without a trace
+                os.write(2, f"flowgrpo: second signal {signum}: exiting without a checkpoint\n".encode())
+                os._exit(128 + signum)
             self._stop_signal = signum
+            interrupt.request_stop()
 
         old = {}
         try:
@@ -656,9 +679,11 @@ class Trainer:
                 old[s] = signal.signal(s, handler)
         except ValueError:  # not the main thread: no handlers
             pass
+        interrupt.clear()
         try:
             yield
         finally:
+            interrupt.clear()
             for s, h in old.items():
                 signal.signal(s, h)
 

@@ -56,6 +56,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from flowgrpo import interrupt
 from flowgrpo.backends.base import BackendBase, GenerationResult, SamplingParams, prompt_limits
 from flowgrpo.backends.decoding import GrowingCache, decode_view
 from flowgrpo.logprobs import common_prefix_len
@@ -412,6 +413,7 @@ class HFBackend(BackendBase):
                                 return
                         continue
                     try:
+                        interrupt.check()  # a signal stops generation within one forward pass
                         if new:
                             batch = self._admit(batch, new)
                         batch = self._step(batch)

@@ -1,0 +1,82 @@
+"""SIGTERM/SIGINT on a real training process (the ``flowgrpo train`` command, tiny model, long
+generations): the first signal stops the rollout within a decode step, checkpoints the last
+complete step and exits 0; a second signal exits at once, without an abort trace."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+# Long episodes (4 tasks x 8 episodes x 3 turns x up to 400 tokens) so a signal lands mid-rollout.
+SETTINGS = [
+    "model.name=tiny",
+    "model.autocast=null",
+    "env.name=arithmetic",
+    "train.steps=1000",
+    "train.tasks_per_step=4",
+    "train.group_size=8",
+    "rollout.max_turns=3",
+    "rollout.max_new_tokens=400",
+    "run.save_every=0",
+    "run.progress=false",
+]
+
+
+def _start(out: Path) -> subprocess.Popen:
+    argv = [
+        sys.executable,
+        "-m",
+        "flowgrpo",
+        "train",
+        str(out.parent / "cfg.yaml"),
+        "--eval-n",
+        "0",
+        "--no-report",
+    ]
+    for s in [*SETTINGS, f"run.output_dir={out}"]:
+        argv += ["--set", s]
+    (out.parent / "cfg.yaml").write_text("model:\n  name: tiny\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _wait_for_rollout(proc: subprocess.Popen, out: Path) -> None:
+    """Until the trainer has started (its config is written), then a moment into the rollout."""
+    deadline = time.monotonic() + 120
+    while not (out / "config.yaml").is_file():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the trainer did not start"
+        time.sleep(0.2)
+    time.sleep(2.0)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
+def test_a_signal_mid_rollout_checkpoints_and_exits_0(tmp_path, signum):
+    out = tmp_path / "run"
+    proc = _start(out)
+    _wait_for_rollout(proc, out)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)  # a whole step would take far longer
+    assert proc.returncode == 0, err
+    assert f"signal {int(signum)}: step" in err and "discarded mid-rollout" in err, err
+    assert "Traceback" not in err
+    assert (out / "checkpoints").is_dir() and any((out / "checkpoints").iterdir())
+
+
+def test_a_second_signal_exits_at_once_without_a_trace(tmp_path):
+    out = tmp_path / "run"
+    proc = _start(out)
+    _wait_for_rollout(proc, out)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.05)  # two signals sent at once arrive as one
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "second signal 15: exiting without a checkpoint" in err
+    assert "Traceback" not in err and "Aborted" not in err and "core dumped" not in err
