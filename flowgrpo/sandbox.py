@@ -50,6 +50,7 @@ import signal
 import stat
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import textwrap
 import time
@@ -155,12 +156,23 @@ class SandboxCapabilities(BaseModel):
         return self.mode != "weak"
 
 
+# Top-level system directories the sandbox sees read-only (programs and shared libraries), and the
+# files of /etc the dynamic loader and time functions read. Nothing else of the host is visible.
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/localtime")
+
+
 @dataclass(frozen=True)
 class _View:
-    """What the namespace modes change in the filesystem view."""
+    """The filesystem the namespace modes show: the interpreter, its standard library, system
+    libraries, a private /tmp (the work directory), /dev and /proc; nothing else of the host."""
 
-    hide: tuple[str, ...]  # covered by an empty read-only tmpfs
-    bind: tuple[str, ...]  # the interpreter's directories under a covered one, bound back read-only
+    python: str  # the base interpreter (outside any virtual environment)
+    system: tuple[str, ...]  # SYSTEM_DIRS present here, read-only (symlinks stay symlinks)
+    bind: tuple[str, ...]  # the interpreter's installation and ETC_FILES, bound read-only
+    cover: tuple[str, ...]  # site-packages of the interpreter: covered by an empty read-only tmpfs
+    hide: tuple[str, ...]  # unshare mode: top-level directories covered by an empty read-only tmpfs
+    mask: tuple[str, ...]  # unshare mode: top-level files covered by /dev/null
     closed: tuple[str, ...]  # directories above the interpreter that other users cannot enter
 
 
@@ -177,29 +189,61 @@ def _minimal(paths: list[str]) -> list[str]:
     return out
 
 
+def base_python() -> str:
+    """The interpreter the sandbox runs: the base installation's, never a virtual environment's (whose
+    site-packages, usually inside the project, the code must not see)."""
+    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+
+
 @functools.lru_cache(maxsize=1)
 def _view() -> _View:
-    needed = _minimal(
-        [
-            os.path.realpath(p)
-            for p in (sys.base_prefix, sys.prefix, os.path.dirname(os.path.realpath(sys.executable)))
-        ]
-    )
-    home = os.path.realpath(os.environ.get("HOME", "/"))
-    hide = [d for d in ("/home", "/root", "/run", home) if d != "/" and os.path.isdir(d)]
+    python = base_python()
+    system = tuple(d for d in SYSTEM_DIRS if os.path.lexists(d))
+    install = [os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix)]
+    install.append(os.path.dirname(python))
+    if sysconfig.get_config_var("Py_ENABLE_SHARED") and os.path.isdir(
+        sysconfig.get_config_var("LIBDIR") or ""
+    ):
+        install.append(os.path.realpath(sysconfig.get_config_var("LIBDIR")))
+    install = [p for p in _minimal(install) if p != "/" and not any(_under(p, s) for s in system)]
+    stdlib = os.path.realpath(os.path.dirname(os.__file__))
+    base_paths = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix})
+    cover = [
+        os.path.realpath(p)
+        for p in (
+            os.path.join(stdlib, "site-packages"),
+            os.path.join(stdlib, "dist-packages"),
+            base_paths["purelib"],
+            base_paths["platlib"],
+        )
+        if os.path.isdir(p)
+    ]
+    visible = [*system, *install]
+    cover = [c for c in _minimal(cover) if any(_under(c, v) and c != v for v in visible)]
+    hide, mask = [], []
+    for name in sorted(os.listdir("/")):
+        p = "/" + name
+        if p in system or p in ("/dev", "/proc", "/tmp") or os.path.islink(p):
+            continue
+        (hide if os.path.isdir(p) else mask).append(p)
     closed = []
-    for p in needed:  # a directory the sandbox uid cannot enter (e.g. /root/.pyenv under 0700 /root)
+    for p in install:  # a directory the sandbox uid cannot enter (e.g. /root/.pyenv under 0700 /root)
         parts = p.split("/")
         for i in range(2, len(parts)):
             anc = "/".join(parts[:i])
             if not os.stat(anc).st_mode & stat.S_IXOTH:
                 closed.append(anc)
                 break
-    hide += closed
-    hide = _minimal(hide)
-    covered = [*hide, "/tmp", "/dev/shm"]
-    bind = [p for p in needed if any(_under(p, c) for c in covered)]
-    return _View(hide=tuple(hide), bind=tuple(bind), closed=tuple(closed))
+    bind = [*install, *(f for f in ETC_FILES if os.path.exists(f))]
+    return _View(
+        python=python,
+        system=system,
+        bind=tuple(bind),
+        cover=tuple(cover),
+        hide=tuple(hide),
+        mask=tuple(mask),
+        closed=tuple(_minimal(closed)),
+    )
 
 
 def _kernel_at_least(major: int, minor: int) -> bool:
@@ -208,6 +252,7 @@ def _kernel_at_least(major: int, minor: int) -> bool:
 
 
 def _bwrap_argv(bwrap: str, disk_mb: int) -> list[str]:
+    """bwrap builds the view on an empty root: system directories, the interpreter, a few /etc files."""
     is_root = os.geteuid() == 0
     view = _view()
     size = str(disk_mb * 2**20)
@@ -217,19 +262,23 @@ def _bwrap_argv(bwrap: str, disk_mb: int) -> list[str]:
         argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_CHOWN"]
     else:
         argv += ["--unshare-user", "--disable-userns"]
-    argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    for s in view.system:
+        argv += ["--symlink", os.readlink(s), s] if os.path.islink(s) else ["--ro-bind", s, s]
+    argv += ["--dev", "/dev", "--proc", "/proc"]
     argv += ["--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
     argv += ["--perms", "1777", "--size", size, "--tmpfs", "/dev/shm"]
-    for h in view.hide:
-        argv += ["--tmpfs", h]
+    made: set[str] = {"/", "/tmp", "/dev", "/proc", *view.system}
     for b in view.bind:
-        cover = max((c for c in (*view.hide, "/tmp", "/dev/shm") if _under(b, c)), key=len)
-        parts = b[len(cover) :].strip("/").split("/")
+        parts = b.strip("/").split("/")
         for i in range(1, len(parts)):  # bwrap would copy the host's modes (0700) onto these
-            argv += ["--perms", "0755", "--dir", cover.rstrip("/") + "/" + "/".join(parts[:i])]
+            anc = "/" + "/".join(parts[:i])
+            if anc not in made and not any(_under(anc, s) for s in view.system):
+                argv += ["--perms", "0755", "--dir", anc]
+                made.add(anc)
         argv += ["--ro-bind", b, b]
-    for h in view.hide:
-        argv += ["--remount-ro", h]
+    for c in view.cover:
+        argv += ["--size", "65536", "--tmpfs", c, "--remount-ro", c]
+    argv += ["--remount-ro", "/"]
     return [*argv, "--chdir", "/", "--"]
 
 
@@ -287,10 +336,21 @@ try:
             mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, "size=%dm,mode=1777" % cfg["disk_mb"])
         for d in cfg["hide"]:
             mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
+        for f in cfg["mask"]:  # best effort: a top-level file, not a directory of the host
+            try:
+                mount("/dev/null", f, None, MS_BIND, None)
+            except OSError:
+                pass
         for p, fd in fds.items():
-            os.makedirs(p, exist_ok=True)
+            if os.path.isdir("/proc/self/fd/%d" % fd):
+                os.makedirs(p, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(p), exist_ok=True)
+                os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o644))
             mount("/proc/self/fd/%d" % fd, p, None, MS_BIND | MS_REC, None)
             os.close(fd)
+        for d in cfg["cover"]:
+            mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
         points = []
         with open("/proc/self/mountinfo") as f:
             for line in f:
@@ -310,6 +370,7 @@ try:
     data = b""
     while chunk := os.pread(ffd, 1 << 20, len(data)):
         data += chunk
+    os.ftruncate(ffd, 0)  # other holders of the memfd (bwrap's init) keep nothing readable
     os.close(ffd)
     for name, content in json.loads(data).items():
         with open(os.path.join(work, name), "wb") as f:
@@ -415,7 +476,7 @@ def probe_isolation(bwrap: str | None, unshare: str | None) -> SandboxCapabiliti
     """What isolation works here with these binaries (None = not installed); no caching."""
     is_root = os.geteuid() == 0
     linux = sys.platform.startswith("linux")
-    py = [sys.executable, "-I", "-S", "-c", _PROBE]
+    py = [_view().python, "-I", "-S", "-c", _PROBE]
     bw = bwrap if bwrap and linux and _probe([*_bwrap_argv(bwrap, 1), *py]) else None
     nested = [] if is_root else ["env", "FLOWGRPO_NESTED=1"]
     un = unshare if unshare and linux and _probe([*_unshare_argv(unshare), *nested, *py]) else None
@@ -651,7 +712,9 @@ async def arun_python(
         "nested_userns": mode == "unshare" and not is_root,
         "disk_mb": limits.disk_mb,
         "hide": list(view.hide),
+        "mask": list(view.mask),
         "bind": list(view.bind),
+        "cover": list(view.cover),
         "env": _sandbox_env(work),
         "runner": _FALLBACK_RUNNER if mode == "weak" else None,
         "limits": {
@@ -661,13 +724,13 @@ async def arun_python(
             "nproc": nproc,
         },
     }
-    cmd = [sys.executable, "-I", "-S", "-c", _BOOT, json.dumps(cfg)]
+    cmd = [view.python, "-I", "-S", "-c", _BOOT, json.dumps(cfg)]
     if mode == "bwrap":
         cmd = [*_bwrap_argv(caps.bwrap or "bwrap", limits.disk_mb), *cmd]
     elif mode == "unshare":
         cmd = [*_unshare_argv(caps.unshare or "unshare"), *cmd]
     launch = {"cgroup_procs": cg.procs_files if cg else [], "parent": os.getpid(), "status_fd": wfd}
-    argv = [sys.executable, "-I", "-S", "-c", _LAUNCH, json.dumps(launch), *cmd]
+    argv = [view.python, "-I", "-S", "-c", _LAUNCH, json.dumps(launch), *cmd]
     t0 = time.perf_counter()
     limit_hit: LimitName | None = None
     out = {"stdout": bytearray(), "stderr": bytearray()}

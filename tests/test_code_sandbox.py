@@ -392,6 +392,12 @@ attempt("append_project_file", lambda: write(P["project_file"]))
 attempt("write_venv", lambda: write(P["venv"] + "/evil-" + P["marker"] + ".pth"))
 attempt("write_home_rc", lambda: write(P["home"] + "/.bashrc"))
 attempt("read_secret", lambda: open(P["secret"]).read())
+attempt("read_project_file", lambda: open(P["project_file"]).read())
+if P.get("task_data"):
+    attempt("read_task_data", lambda: open(P["task_data"]).read()[:10])
+attempt("read_etc_passwd", lambda: open("/etc/passwd").read()[:10])
+if P.get("world_file"):
+    attempt("read_world_readable_file", lambda: open(P["world_file"]).read())
 attempt("remount_rw", remount_and_write)
 attempt("remount_rw_in_userns", lambda: in_new_userns(remount_and_write))
 attempt("unmount_to_reveal_home", unmount_home)
@@ -473,7 +479,12 @@ def test_attacks_contained_as_root(mode, tmp_path):
         "etc_file": f"/etc/{marker}",
         "port": srv.getsockname()[1],
         "unix": unix_path,
+        "task_data": os.path.join(project, "envs", "data", "coding_tasks.jsonl"),
+        "world_file": f"/var/tmp/{marker}-world-readable",
     }
+    with open(params["world_file"], "w") as f:
+        f.write("another user's notes")
+    os.chmod(params["world_file"], 0o644)
     try:
         r = run_python(
             ATTACKS, SMALL.model_copy(update={"isolation": mode}), files={"params.json": json.dumps(params)}
@@ -484,6 +495,7 @@ def test_attacks_contained_as_root(mode, tmp_path):
         usrv.close()
         os.remove(unix_path)
         os.remove(secret)
+        os.remove(params["world_file"])
     assert r.exit_code == 0, r
     out = json.loads(r.stdout)
     allowed = {k: v for k, v in out.items() if v.startswith("ALLOWED") and not k.endswith("_private")}
@@ -551,7 +563,7 @@ for mode in [m for m in ("bwrap", "unshare") if getattr(caps, m)] + ["weak"]:
     marker = "flowgrpo-attack-" + uuid.uuid4().hex[:8]
     params = {"marker": marker, "project": home + "/project", "project_file": home + "/project/code.py",
               "venv": home + "/project/.venv/lib", "home": home, "secret": home + "/.ssh/id_rsa",
-              "etc_file": "/etc/" + marker, "port": PORT}
+              "etc_file": "/etc/" + marker, "port": PORT, "task_data": TASK_DATA}
     limits = SandboxLimits(**L, isolation=mode, allow_weak_isolation=mode == "weak")
     r = run_python(ATTACKS, limits, files={"params.json": json.dumps(params)})
     if mode == "weak":  # no pid namespace: a fork bomb would run to the wall clock
@@ -586,8 +598,9 @@ print("REPORT " + json.dumps(report))
 """
 
 
-def run_unprivileged(delegate_cgroup: bool) -> dict:
-    """Run AS_USER as uid 65534 (see HARNESS); returns its report."""
+def run_unprivileged(delegate_cgroup: bool, script: str | None = None) -> dict:
+    """Run ``script`` (default: the attacks of AS_USER) as uid 65534 (see HARNESS); returns the dict
+    it printed after ``REPORT ``."""
     from flowgrpo import cgroup as cg
     from flowgrpo.sandbox import _view
 
@@ -604,7 +617,13 @@ def run_unprivileged(delegate_cgroup: bool) -> dict:
         for d in delegated:
             os.mkdir(d)
     view = _view()
-    script = f"ATTACKS = {ATTACKS!r}\nPORT = {srv.getsockname()[1]}\n" + AS_USER
+    task_data = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "envs", "data", "coding_tasks.jsonl"
+    )
+    script = (
+        script
+        or f"ATTACKS = {ATTACKS!r}\nPORT = {srv.getsockname()[1]}\nTASK_DATA = {task_data!r}\n" + AS_USER
+    )
     needed = sorted(
         {
             os.path.realpath(p)

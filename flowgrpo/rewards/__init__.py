@@ -43,7 +43,7 @@ from flowgrpo.rewards.base import (
     make_reward,
     register_reward,
 )
-from flowgrpo.rewards.code import TESTS_PASSED_SENTINEL, build_test_program, extract_code, run_code_tests
+from flowgrpo.rewards.code import CodeGrade, extract_code, grade_code, run_code_tests
 from flowgrpo.rewards.diversity import (
     DiversityReward,
     Embedder,
@@ -74,11 +74,11 @@ register_reward("reward_model", RewardModelReward)
 
 __all__ = [
     "JUDGE_TEMPLATE",
-    "TESTS_PASSED_SENTINEL",
     "VERIFIER_TEMPLATE",
     "AccuracyReward",
     "AnswerType",
     "ChatClient",
+    "CodeGrade",
     "CompositeReward",
     "DiversityReward",
     "Embedder",
@@ -100,13 +100,13 @@ __all__ = [
     "Score",
     "VerifierReward",
     "as_score",
-    "build_test_program",
     "diversity_scores",
     "exact_match",
     "extract_code",
     "f1_score",
     "final_answer",
     "final_text",
+    "grade_code",
     "list_rewards",
     "make_reward",
     "math_equal",

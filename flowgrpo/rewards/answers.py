@@ -214,7 +214,8 @@ class AccuracyReward(Reward):
     """1.0 when the final answer matches the gold one (text: EM, or F1 with ``text_metric="f1"``).
 
     ``answer_type="auto"`` reads ``task.metadata["answer_type"]``, else treats a numeric gold answer
-    as math and anything else as text. Code tasks need ``metadata["tests"]`` (assert statements).
+    as math and anything else as text. Code tasks need ``metadata["tests"]`` (assert statements);
+    ``allow_weak_isolation`` lets them run where the sandbox has no isolation (see ``grade_code``).
     """
 
     def __init__(
@@ -224,9 +225,11 @@ class AccuracyReward(Reward):
         text_metric: Literal["em", "f1"] = "em",
         answer_tag: str = "answer",
         code_timeout_s: float = 10.0,
+        allow_weak_isolation: bool = False,
     ) -> None:
         self.answer_type, self.text_metric = answer_type, text_metric
         self.answer_tag, self.code_timeout_s = answer_tag, code_timeout_s
+        self.allow_weak_isolation = allow_weak_isolation
 
     def kind(self, task: Task) -> str:
         if self.answer_type != "auto":
@@ -255,7 +258,14 @@ class AccuracyReward(Reward):
             tests = task.metadata.get("tests")
             if answer is None or not tests:
                 return 0.0
-            return float(await run_code_tests(answer, tests, timeout_s=self.code_timeout_s))
+            return float(
+                await run_code_tests(
+                    answer,
+                    tests,
+                    timeout_s=self.code_timeout_s,
+                    allow_weak_isolation=self.allow_weak_isolation,
+                )
+            )
         # off the event loop: a symbolic comparison waits up to SYMBOLIC_BUDGET_S for its worker
         return await run_in_thread(self.score_answer, answer, task)
 
