@@ -5,13 +5,15 @@ Used by the ``python`` tool (``flowgrpo.tools.code``) and by the code-test rewar
 
 Isolation, best first (``SandboxLimits.isolation="auto"`` picks the first that works on this host):
 
-1. **bwrap** (bubblewrap, the tool made for this): read-only root, private ``/tmp``, ``/dev/shm``,
-   ``/dev``, ``/proc``; home directories and ``/run`` hidden; new network, pid, ipc and uts
-   namespaces; capabilities dropped; ``--die-with-parent`` and ``--new-session``. As a normal user it
+1. **bwrap** (bubblewrap, the tool made for this): an empty read-only root with only the system
+   directories (``SYSTEM_DIRS``), the base interpreter (its site-packages covered) and ``ETC_FILES``
+   bound read-only, private ``/tmp``, ``/dev/shm``, ``/dev``, ``/proc``: no project tree, task data,
+   home directories, ``/run`` or other users' files; new network, pid, ipc and uts namespaces; capabilities dropped; ``--die-with-parent`` and ``--new-session``. As a normal user it
    also makes a user namespace (mounts made there cannot be undone by the code: it has no capabilities,
    and nested user namespaces are disabled).
-2. **unshare** (util-linux): the same view built by the boot program below in new mount, network, pid,
-   ipc and uts namespaces. As a normal user the code runs in a second, nested user namespace as a
+2. **unshare** (util-linux): the boot program below covers every other top-level directory with an
+   empty read-only tmpfs (top-level files with ``/dev/null``) and binds the interpreter back, in new
+   mount, network, pid, ipc and uts namespaces. As a normal user the code runs in a second, nested user namespace as a
    non-root uid, so it holds no capability over the mounts of the first (the kernel also locks mounts
    copied into a less privileged namespace: mount_namespaces(7), "Restrictions on mount namespaces").
 3. **weak** (neither works): rlimits, a scrubbed environment and a Python audit hook only. Refused
