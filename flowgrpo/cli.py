@@ -191,8 +191,23 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
         "and write RUN/{metrics,eval}.jsonl, trajectories, checkpoints, plot.png and report.html. "
         "Ctrl-C checkpoints and stops; run again with --set run.resume=true to continue.",
     )
-    p.add_argument("config", help="YAML config file (see examples/) or an existing run directory")
+    p.add_argument("config", nargs="?", help="YAML config file (see examples/) or an existing run directory")
     _config_args(p)
+    debug = p.add_argument_group(
+        "debug modes", "separate sampling problems from optimisation problems (docs/learning.md)"
+    )
+    debug.add_argument(
+        "--rollout-only",
+        action="store_true",
+        help="roll out, score and save one step's trajectories (RUN/trajectories/step_N.jsonl), no update",
+    )
+    debug.add_argument(
+        "--update-only",
+        metavar="RUN",
+        help="replay the trajectories RUN saved at --step N into one update from the policy that "
+        "sampled them and print the loss terms beside the recorded ones (writes nothing into RUN)",
+    )
+    debug.add_argument("--step", type=int, help="with --update-only: the saved step to replay")
     p.add_argument(
         "--eval-n",
         type=int,
@@ -206,10 +221,40 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run_train)
 
 
+def _train_mode_error(args: argparse.Namespace) -> str | None:
+    if args.update_only is not None:
+        if args.config is not None:
+            return "--update-only RUN takes no CONFIG (the run's config.yaml is used; change it with --set)"
+        if args.rollout_only:
+            return "--rollout-only and --update-only are separate runs: pass one of them"
+        if args.step is None:
+            return "--update-only needs --step N, the saved step to replay (see RUN/trajectories/)"
+        return None
+    if args.step is not None:
+        return "--step belongs to --update-only RUN --step N"
+    if args.config is None:
+        return "train needs a CONFIG (a YAML file or a run directory), or --update-only RUN --step N"
+    return None
+
+
 def _run_train(args: argparse.Namespace) -> int:
+    if (problem := _train_mode_error(args)) is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    if args.update_only is not None:
+        from flowgrpo.debug import update_only
+
+        print(update_only(args.update_only, args.step, args.overrides).summary())
+        return 0
+    cfg = _load(args.config, args.overrides)
+    if args.rollout_only:
+        from flowgrpo.debug import rollout_only
+        from flowgrpo.trainer import Trainer
+
+        print(rollout_only(Trainer(cfg)).summary())
+        return 0
     from flowgrpo.pipeline import train_and_evaluate
 
-    cfg = _load(args.config, args.overrides)
     out = train_and_evaluate(
         cfg, eval_n=args.eval_n or None, untrained_n=args.untrained_n, report=not args.no_report
     )
