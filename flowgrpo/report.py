@@ -22,6 +22,7 @@ step; the trainer calls it at the end of a run.
 from __future__ import annotations
 
 import html
+import itertools
 import json
 import logging
 import math
@@ -39,6 +40,15 @@ from flowgrpo.types import Trajectory
 
 log = logging.getLogger(__name__)
 
+METRIC_TITLES = {
+    "reward_mean": "mean reward",
+    "kl": "KL to the reference",
+    "entropy": "entropy (nats/token)",
+    "action_tokens": "response tokens per step",
+    "turns_mean": "turns per episode",
+    "clip_frac": "clip fraction",
+    "grad_norm": "grad norm (before clipping)",
+}
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#17becf"]
 
 
@@ -81,6 +91,50 @@ def _metric_rows(metrics: Sequence[MetricRecord]) -> list[dict[str, Any]]:
     return [{"step": m.step, **m.values} for m in metrics]
 
 
+# What an RL practitioner reads first, in this order; the rest follows grouped by section.
+KEY_METRICS = (
+    "reward_mean",
+    "accuracy",
+    "kl",
+    "entropy",
+    "action_tokens",
+    "turns_mean",
+    "clip_frac",
+    "grad_norm",
+)
+SECTIONS = (  # (title, predicate on a metric name), first match wins
+    ("held-out evaluation", lambda k: k.startswith("eval/")),
+    ("timing", lambda k: k.startswith("time/") or k.endswith("tokens_per_s")),
+    (
+        "update",
+        lambda k: (
+            k in ("loss", "lr", "optimizer_steps", "train_tokens", "skipped", "nan_skipped_steps")
+            or k.startswith(("pg_", "ratio", "is_", "value", "vf_"))
+        ),
+    ),
+    ("rollout", lambda k: True),
+)
+
+
+def is_warm_start_row(row: Mapping[str, Any]) -> bool:
+    """A row the supervised warm start logged (``sft/*`` only): not an RL step."""
+    keys = [k for k in row if k != "step"]
+    return bool(keys) and all(k.startswith("sft/") for k in keys)
+
+
+def metric_order(names: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """``[("key metrics", [...]), (section, [...]), ...]``: the key metrics in :data:`KEY_METRICS`
+    order, then every other name under the first section whose predicate takes it."""
+    names = [n for n in dict.fromkeys(names) if n != "step"]
+    out = [("key metrics", [k for k in KEY_METRICS if k in names])]
+    rest = [n for n in names if n not in KEY_METRICS and not n.startswith("sft/")]
+    for title, pred in SECTIONS:
+        mine = [n for n in rest if pred(n)]
+        rest = [n for n in rest if n not in mine]
+        out.append((title, mine))
+    return [(t, ks) for t, ks in out if ks]
+
+
 def plot_run(run_dir: str | os.PathLike) -> Path:
     """Write ``RUN/plot.png``: mean reward and accuracy (train, and each eval split) vs step."""
     import matplotlib
@@ -89,8 +143,18 @@ def plot_run(run_dir: str | os.PathLike) -> Path:
     import matplotlib.pyplot as plt
 
     run = RunDir(run_dir)
-    metrics = _metric_rows(run.metrics())
-    fig, (ax_r, ax_a) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=100)
+    metrics = [r for r in _metric_rows(run.metrics()) if not is_warm_start_row(r)]
+    extra = [k for k in KEY_METRICS[2:] if _series(metrics, k)]
+    cols = 4
+    rows = 1 + math.ceil(len(extra) / cols) if extra else 1
+    fig, axes = plt.subplots(rows, cols if extra else 2, figsize=(14 if extra else 10, 3.4 * rows), dpi=100)
+    flat = list(axes.flat)
+    ax_r, ax_a = flat[0], flat[1]
+    for ax, key in zip(flat[cols:] if extra else [], extra, strict=False):
+        ax.plot(*zip(*_series(metrics, key), strict=True), marker="o", ms=3, color=PALETTE[0])
+        ax.set_title(METRIC_TITLES.get(key, key), fontsize=10)
+    for ax in flat[2:cols] + flat[cols + len(extra) :] if extra else []:
+        ax.axis("off")
     try:
         rew = _series(metrics, "reward_mean")
         if rew:
@@ -122,12 +186,15 @@ def plot_run(run_dir: str | os.PathLike) -> Path:
                 for e, x, y in zip(recs, xs, ys, strict=True):
                     ax_a.annotate(f"n={e.n}", (x, y), textcoords="offset points", xytext=(6, -10), fontsize=7)
         ax_a.set_title("accuracy")
-        for ax in (ax_r, ax_a):
+        for ax in flat:
+            if not ax.axison:
+                continue
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)
+            ax.ticklabel_format(axis="y", useOffset=False)  # a ratio near 1 reads 0.9999, not "+1"
             if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize=8)
-            else:
+                ax.legend(fontsize=8, loc="best")
+            elif not ax.lines:
                 ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes)
         fig.suptitle(run.name, fontsize=10)
         fig.tight_layout()
@@ -168,6 +235,23 @@ def nice_ticks(lo: float, hi: float, n: int = 5, *, integer: bool = False) -> li
     return ticks
 
 
+def tick_labels(ticks: Sequence[float]) -> list[str]:
+    """Labels for evenly spaced ``ticks`` with as many decimals as their spacing needs, so ticks
+    of a ratio near 1 (0.9999, 1, 1.0001) never all read "1"."""
+    if len(ticks) < 2:
+        return [_fmt(t) for t in ticks]
+    gaps = [abs(b - a) for a, b in itertools.pairwise(ticks) if b != a]
+    step = min(gaps) if gaps else 1.0
+    big = max(abs(t) for t in ticks)
+    if big >= 1e6 or step < 1e-6:
+        digits = max(0, math.ceil(math.log10(big / step)) if big else 0)
+        return [f"{t:.{min(digits, 12)}e}" if t else "0" for t in ticks]
+    decimals = max(0, -math.floor(math.log10(step) + 1e-9))
+    if any(abs(round(t, decimals) - t) > step * 1e-6 for t in ticks):
+        decimals += 1  # a 2.5 step: one more decimal
+    return [f"{t:.{decimals}f}" for t in ticks]
+
+
 def _fmt(v: float) -> str:
     if v == 0:
         return "0"
@@ -184,11 +268,14 @@ def svg_line_chart(
     height: int = 260,
     y_range: tuple[float, float] | None = None,
     chart_id: str | None = None,
+    x_label: str = "step",
 ) -> str:
     """An SVG line chart of ``{label: [(x, y), ...]}`` with axes, ticks, a legend and a tooltip
     (``<title>``) on every point. Returns the ``<svg>`` element as a string."""
     ml, mr, mt, mb = 52, 12, 28, 34
     pw, ph = width - ml - mr, height - mt - mb
+    legend_h = 14 * len(series) if len(series) > 1 else 0  # the legend sits below the plot
+    height += legend_h
     pts = [p for s in series.values() for p in s]
     id_attr = f' id="{html.escape(chart_id)}"' if chart_id else ""
     parts = [
@@ -216,18 +303,16 @@ def svg_line_chart(
         return mt + ph - (y - y0) / ((y1 - y0) or 1) * ph
 
     parts.append(f'<rect x="{ml}" y="{mt}" width="{pw}" height="{ph}" class="plotbg"/>')
-    for t in yt:
+    for t, label in zip(yt, tick_labels(yt), strict=True):
         parts.append(f'<line x1="{ml}" x2="{ml + pw}" y1="{sy(t):.1f}" y2="{sy(t):.1f}" class="grid"/>')
-        parts.append(
-            f'<text x="{ml - 5}" y="{sy(t) + 4:.1f}" text-anchor="end" class="tick">{_fmt(t)}</text>'
-        )
-    for t in xt:
+        parts.append(f'<text x="{ml - 5}" y="{sy(t) + 4:.1f}" text-anchor="end" class="tick">{label}</text>')
+    for t, label in zip(xt, tick_labels(xt), strict=True):
         parts.append(f'<line x1="{sx(t):.1f}" x2="{sx(t):.1f}" y1="{mt}" y2="{mt + ph}" class="grid"/>')
         parts.append(
-            f'<text x="{sx(t):.1f}" y="{mt + ph + 14}" text-anchor="middle" class="tick">{_fmt(t)}</text>'
+            f'<text x="{sx(t):.1f}" y="{mt + ph + 14}" text-anchor="middle" class="tick">{label}</text>'
         )
     parts.append(
-        f'<text x="{ml + pw / 2:.0f}" y="{height - 4}" text-anchor="middle" class="tick">step</text>'
+        f'<text x="{ml + pw / 2:.0f}" y="{mt + ph + mb - 4}" text-anchor="middle" class="tick">{html.escape(x_label)}</text>'
     )
     for i, (label, s) in enumerate(series.items()):
         color = PALETTE[i % len(PALETTE)]
@@ -239,11 +324,12 @@ def svg_line_chart(
         for x, y in s:
             parts.append(
                 f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{color}">'
-                f"<title>{html.escape(label)}: step {_fmt(x)} = {y:.4g}</title></circle>"
+                f"<title>{html.escape(label)}: {html.escape(x_label)} {_fmt(x)} = {y:.4g}</title></circle>"
             )
-        ly = mt + 12 + 14 * i
-        parts.append(f'<rect x="{ml + 8}" y="{ly - 8}" width="10" height="10" fill="{color}"/>')
-        parts.append(f'<text x="{ml + 22}" y="{ly + 1}" class="legend">{html.escape(label)}</text>')
+        if legend_h:  # below the axis label, never over the data
+            ly = mt + ph + mb + 10 + 14 * i
+            parts.append(f'<rect x="{ml + 8}" y="{ly - 8}" width="10" height="10" fill="{color}"/>')
+            parts.append(f'<text x="{ml + 22}" y="{ly + 1}" class="legend">{html.escape(label)}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -317,7 +403,43 @@ def _final_answer(traj: Trajectory) -> str | None:
     return extract_answer(msg.content)
 
 
-def trajectory_html(traj: Trajectory, tokenizer: Any | None, *, scale: float, step: int | None = None) -> str:
+ENDED = {
+    "finished": "the episode finished (final answer given or the environment ended it)",
+    "max_turns": "ran out of turns (rollout.max_turns)",
+    "max_tokens": "the last action hit rollout.max_new_tokens before finishing",
+    "context_overflow": "the next prompt would not fit rollout.max_context_tokens",
+    "error": "the environment or a tool raised",
+    "verifier_stop": "the flow agent's verifier judged the memory enough",
+}
+
+
+def ended_text(traj: Trajectory) -> str:
+    """Why the episode ended, in words (plus the error message of an ``error`` ending)."""
+    value = traj.termination.value
+    text = f"{value}: {ENDED.get(value, value)}"
+    if value == "error" and traj.metadata.get("error"):
+        text += f" ({traj.metadata['error']})"
+    return text
+
+
+def _gold_answers(run: RunDir) -> dict[str, str]:
+    """Task id -> gold answer of the run's environment (both splits); empty when the environment
+    cannot be built here (the report still renders, without gold answers)."""
+    try:
+        from flowgrpo.components import env_factory_of
+
+        env = env_factory_of(run.config().env)()
+        return {
+            t.id: t.answer for split in ("train", "test") for t in env.tasks(split) if t.answer is not None
+        }
+    except Exception as err:  # a plugin env not installed here: the report does not need it
+        log.warning("gold answers not shown: the run's environment could not be built (%s)", err)
+        return {}
+
+
+def trajectory_html(
+    traj: Trajectory, tokenizer: Any | None, *, scale: float, step: int | None = None, gold: str | None = None
+) -> str:
     """One trajectory: a header (reward, breakdown, termination, tokens), every token coloured by
     loss mask and advantage, and the tool calls and observations as messages."""
     e = html.escape
@@ -366,11 +488,12 @@ def trajectory_html(traj: Trajectory, tokenizer: Any | None, *, scale: float, st
             + (flow_html(turn.metadata["flow"]) if isinstance(turn.metadata.get("flow"), dict) else "")
             + "</div>"
         )
+    gold_html = f' · gold answer: <span class="gold">{e(gold)}</span>' if gold is not None else ""
     ans = (
-        f'<div class="final">final answer: <span class="answer">{e(answer)}</span></div>'
+        f'<div class="final">final answer: <span class="answer">{e(answer)}</span>{gold_html}'
         if answer is not None
-        else '<div class="final">no final answer</div>'
-    )
+        else f'<div class="final">no final answer{gold_html}'
+    ) + f' · <span class="ended">ended: {e(ended_text(traj))}</span></div>'
     err = f'<div class="err">{e(str(traj.metadata["error"]))}</div>' if traj.metadata.get("error") else ""
     if isinstance(traj.metadata.get("flow"), dict):
         ans += flow_html(traj.metadata["flow"])
@@ -423,7 +546,10 @@ h1{font-size:22px;margin:8px 0}h2{font-size:18px;margin:28px 0 8px;border-bottom
 .charts{display:flex;flex-wrap:wrap;gap:10px}.chart{background:#fff;border:1px solid #ddd;border-radius:6px}
 .chart .plotbg{fill:#fff}.chart .grid{stroke:#eee}.chart .tick{font-size:10px;fill:#555}
 .chart .ctitle{font-size:13px;font-weight:600}.chart .legend{font-size:11px}
-table{border-collapse:collapse;background:#fff;font-size:12px;margin:6px 0}
+table{border-collapse:collapse;background:#fff;font-size:12px;margin:0}
+.scroll{max-height:420px;max-width:100%;overflow:auto;border:1px solid #ddd;margin:6px 0}
+.scroll th{position:sticky;top:0}h3{font-size:14px;margin:14px 0 4px;color:#444}
+.gold{font-family:ui-monospace,monospace}.ended{color:#555}
 td,th{border:1px solid #ddd;padding:3px 7px;text-align:right}th{background:#f0f0f0}
 .traj{background:#fff;border:1px solid #ccc;border-radius:6px;margin:14px 0;padding:10px}
 .thead{margin-bottom:6px}.turn{border-top:1px dashed #ddd;padding:6px 0}.tmeta{color:#555;font-size:12px}
@@ -511,8 +637,11 @@ def render_report(
     e = html.escape
     # per-task outcomes serve paired comparisons (`flowgrpo eval --compare`), not the page
     recorded = run.evals()
-    metrics = _clean(_metric_rows(run.metrics()))
+    rows = _clean(_metric_rows(run.metrics()))
+    metrics = [r for r in rows if not is_warm_start_row(r)]  # RL steps only: the step axis and count
+    warm = [r for r in rows if is_warm_start_row(r)]
     evals = _clean([e.model_dump(mode="json", exclude={"per_task"}) for e in recorded])
+    golds = _gold_answers(run)
     charts = [
         svg_line_chart(
             {"train": _series(metrics, "reward_mean")}, title="mean reward", chart_id="chart-reward"
@@ -527,17 +656,43 @@ def render_report(
             y_range=(0.0, 1.0),
         ),
     ]
-    other = [
-        k
-        for k in dict.fromkeys(k for r in metrics for k in r)
-        if k not in ("step", "reward_mean", "accuracy") and _series(metrics, k)
+    sections = [
+        (title, [k for k in keys if k not in ("reward_mean", "accuracy") and _series(metrics, k)])
+        for title, keys in metric_order([k for r in metrics for k in r])
     ]
-    small = [svg_line_chart({k: _series(metrics, k)}, title=k, width=300, height=190) for k in other]
+    small = "".join(
+        f'<h3>{html.escape(title)}</h3><div class="charts">'
+        + "".join(
+            svg_line_chart({k: _series(metrics, k)}, title=METRIC_TITLES.get(k, k), width=300, height=190)
+            for k in keys
+        )
+        + "</div>"
+        for title, keys in sections
+        if keys
+    )
+    if warm:
+        epochs = [
+            (float(r.get("sft/epoch", i)) + 1, r["sft/loss"]) for i, r in enumerate(warm) if "sft/loss" in r
+        ]
+        small += (
+            '<h3>warm start (per epoch, before RL)</h3><div class="charts">'
+            + svg_line_chart(
+                {"sft loss": epochs},
+                title="supervised loss per epoch",
+                width=300,
+                height=190,
+                x_label="epoch",
+            )
+            + "</div>"
+        )
+    table_cols = ["step", *(k for _, keys in metric_order([k for r in metrics for k in r]) for k in keys)]
 
     picked = _pick_trajectories(run, steps, max_trajectories)
     advs = [abs(u.advantage) for _, t in picked for u in t.turns if u.advantage is not None]
     scale = max(advs) if advs else 1.0
-    trajs_html = "".join(trajectory_html(t, tokenizer, scale=scale, step=s) for s, t in picked)
+    trajs_html = "".join(
+        trajectory_html(t, tokenizer, scale=scale, step=s, gold=golds.get(t.task_id)) for s, t in picked
+    )
     n_saved = len(run.steps())
     tok_note = (
         "tokens shown as text (the run's tokenizer)"
@@ -565,9 +720,9 @@ def render_report(
 <div class="path">{e(str(run.path))}</div>
 <div id="summary" data-rendered="no">{summary}</div>
 <h2>Curves</h2><div class="charts">{"".join(charts)}</div>
-<div class="charts">{"".join(small)}</div>
-<h2>Per-step metrics</h2>{records_table(metrics, table_id="metrics-table")}
-<h2>Evaluations</h2>{records_table(evals, first=("step", "split"), table_id="eval-table")}
+{small}
+<h2>Per-step metrics</h2><div class="scroll">{records_table(metrics, first=table_cols, table_id="metrics-table")}</div>
+<h2>Evaluations</h2><div class="scroll">{records_table(evals, first=("step", "split", "label", "n", "accuracy", "ci95"), table_id="eval-table")}</div>
 <h2>Trajectories</h2>
 <p>{len(picked)} trajectories shown from steps {", ".join(str(s) for s in dict.fromkeys(s for s, _ in picked)) or "(none)"}
 of {n_saved} saved; {e(tok_note)}. Hover a token for its id, mask, advantage and logprob.</p>
