@@ -19,6 +19,9 @@ estimator itself.
   advantage normalising discounted per-turn returns within *anchor-state groups* (turns of the same
   task group whose contexts are identical).
 
+``flow_grpo``, ``grpo_dr`` and ``gigpo`` take ``turn_discount``: per-turn rewards discounted toward
+the outcome join the score each trajectory is compared on (:func:`discounted_score`).
+
 Groups may hold different numbers of trajectories (an episode can fail); every estimator works per
 group. A group whose rewards are all equal gets advantage exactly 0 (never NaN, never float residue
 of the mean divided by a tiny std), as does a singleton.
@@ -115,8 +118,31 @@ def scored(group: TrajectoryGroup) -> list[Trajectory]:
     return kept
 
 
-def _rewards(trajs: Sequence[Trajectory]) -> torch.Tensor:
-    return torch.tensor([[t.reward for t in trajs]], dtype=torch.float32)  # (1, G)
+def discounted_score(traj: Trajectory, turn_discount: float | None = None) -> float:
+    """The score a trajectory is compared on inside its group.
+
+    ``turn_discount=None`` (the default): the outcome ``R = Trajectory.reward`` alone, per-turn
+    rewards ignored (Flow-GRPO's outcome-only credit). With ``gamma = turn_discount`` in [0, 1] the
+    per-turn rewards ``r_t = Turn.reward`` are discounted toward the outcome, by their distance in
+    turns from the end of the episode::
+
+        S = R + sum_{t=0}^{T-1} gamma^(T-1-t) * r_t
+
+    which is the discounted return of the per-turn rewards read backward from the terminal step
+    (Sutton & Barto 2018, eq. 3.8, with the outcome on the last turn as in :func:`turn_rewards`): the
+    last turn's reward counts fully, each earlier one ``gamma`` times less; ``gamma = 1`` is the plain
+    sum, ``gamma = 0`` the outcome plus the last turn's reward.
+    """
+    if turn_discount is None:
+        return float(traj.reward)
+    n = len(traj.turns)
+    return float(traj.reward) + sum(
+        turn_discount ** (n - 1 - t) * turn.reward for t, turn in enumerate(traj.turns)
+    )
+
+
+def _rewards(trajs: Sequence[Trajectory], turn_discount: float | None = None) -> torch.Tensor:
+    return torch.tensor([[discounted_score(t, turn_discount) for t in trajs]], dtype=torch.float32)  # (1, G)
 
 
 def _broadcast(trajs: Sequence[Trajectory], adv: torch.Tensor) -> None:
@@ -125,18 +151,29 @@ def _broadcast(trajs: Sequence[Trajectory], adv: torch.Tensor) -> None:
             turn.advantage = float(a)
 
 
-def flow_grpo(groups: Sequence[TrajectoryGroup], *, scale_by_std: bool = True, eps: float = 1e-6) -> None:
+def flow_grpo(
+    groups: Sequence[TrajectoryGroup],
+    *,
+    scale_by_std: bool = True,
+    eps: float = 1e-6,
+    turn_discount: float | None = None,
+) -> None:
     """Flow-GRPO (trajectory-weighted): each trajectory's group-normalised outcome advantage is
     given to every one of its turns, so a multi-turn credit-assignment problem becomes a set of
-    single-turn updates (Li et al. 2025, eq. for ``A^i_t``)."""
+    single-turn updates (Li et al. 2025, eq. for ``A^i_t``). ``turn_discount`` adds the per-turn
+    rewards, discounted toward the outcome, to the score that is normalised
+    (:func:`discounted_score`)."""
     for g in groups:
         if trajs := scored(g):
-            _broadcast(trajs, grpo(_rewards(trajs), scale_by_std=scale_by_std, eps=eps)[0])
+            r = _rewards(trajs, turn_discount)
+            _broadcast(trajs, grpo(r, scale_by_std=scale_by_std, eps=eps)[0])
 
 
-def grpo_dr(groups: Sequence[TrajectoryGroup], *, eps: float = 1e-6) -> None:
+def grpo_dr(
+    groups: Sequence[TrajectoryGroup], *, eps: float = 1e-6, turn_discount: float | None = None
+) -> None:
     """Flow-GRPO with Dr.GRPO's unscaled advantage ``R - mean`` (Liu et al. 2025)."""
-    flow_grpo(groups, scale_by_std=False, eps=eps)
+    flow_grpo(groups, scale_by_std=False, eps=eps, turn_discount=turn_discount)
 
 
 def flow_grpo_turn_weighted(
@@ -204,6 +241,7 @@ def gigpo(
     scale_by_std: bool = True,
     eps: float = 1e-6,
     state_key: Callable[[Trajectory, int], Hashable] = context_key,
+    turn_discount: float | None = None,
 ) -> None:
     """GiGPO (Feng et al. 2025): ``A = A^E(tau_i) + omega * A^S(s, a)``.
 
@@ -212,13 +250,15 @@ def gigpo(
     step-level group; each turn's discounted return ``G_t`` (over :func:`turn_rewards`) is normalised
     within its anchor group to give ``A^S``. An anchor group of one, or of equal returns, gives
     ``A^S = 0``, so GiGPO reduces to episode-level GRPO when no states repeat. Excluded
-    trajectories join neither the episode group nor any anchor group.
+    trajectories join neither the episode group nor any anchor group. ``turn_discount`` makes the
+    episode group compare :func:`discounted_score` instead of the outcome alone (the step returns
+    already include per-turn rewards, discounted forward by ``gamma``).
     """
     for g in groups:
         trajs = scored(g)
         if not trajs:
             continue
-        episode = grpo(_rewards(trajs), scale_by_std=scale_by_std, eps=eps)[0].tolist()
+        episode = grpo(_rewards(trajs, turn_discount), scale_by_std=scale_by_std, eps=eps)[0].tolist()
         returns = [discounted_returns(turn_rewards(t), gamma) for t in trajs]
         anchors: dict[Hashable, list[tuple[int, int]]] = {}
         for i, t in enumerate(trajs):
@@ -284,11 +324,12 @@ def compute_advantages(
     return groups
 
 
-def is_zero_variance(group: TrajectoryGroup, tol: float = 0.0) -> bool:
-    """True when every scored (non-excluded) trajectory of the group has the same outcome reward
-    (no learning signal under group-relative estimators; DAPO's dynamic sampling drops such
-    groups). A group with no scored trajectory counts as zero-variance."""
-    r = [t.reward for t in group.trajectories if t.excluded is None]
+def is_zero_variance(group: TrajectoryGroup, tol: float = 0.0, *, turn_discount: float | None = None) -> bool:
+    """True when every scored (non-excluded) trajectory of the group has the same score (the
+    outcome reward, or :func:`discounted_score` under ``turn_discount``): no learning signal under
+    group-relative estimators; DAPO's dynamic sampling drops such groups. A group with no scored
+    trajectory counts as zero-variance."""
+    r = [discounted_score(t, turn_discount) for t in group.trajectories if t.excluded is None]
     return len(r) == 0 or (max(r) - min(r)) <= tol
 
 
@@ -298,6 +339,7 @@ __all__ = [
     "compute_advantages",
     "context_key",
     "discounted_returns",
+    "discounted_score",
     "flow_grpo",
     "flow_grpo_turn_weighted",
     "get_estimator",

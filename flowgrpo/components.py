@@ -168,9 +168,13 @@ def load_policy(cfg: TrainConfig) -> tuple[Any, Any]:
 
 
 def estimator_of(cfg: TrainConfig) -> Callable[[Sequence[TrajectoryGroup]], None]:
-    """``algorithm.estimator`` with its ``estimator_kwargs`` bound: fills ``Turn.advantage``."""
+    """``algorithm.estimator`` with its ``estimator_kwargs`` (and ``turn_discount`` when set)
+    bound: fills ``Turn.advantage``."""
     fn: Estimator = get_estimator(cfg.algorithm.estimator)
-    return functools.partial(fn, **cfg.algorithm.estimator_kwargs)
+    kw = dict(cfg.algorithm.estimator_kwargs)
+    if cfg.algorithm.turn_discount is not None:
+        kw["turn_discount"] = cfg.algorithm.turn_discount
+    return functools.partial(fn, **kw)
 
 
 def make_backend(cfg: TrainConfig, model: Any, tokenizer: Any, autocast: str | None) -> RolloutBackend:

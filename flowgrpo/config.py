@@ -110,6 +110,10 @@ class OverlongConfig(_Section):
     )
 
 
+# the estimators whose trajectory score takes per-turn rewards (flowgrpo.advantages.discounted_score)
+TURN_DISCOUNT_ESTIMATORS = ("flow_grpo", "grpo_dr", "gigpo")
+
+
 class AlgorithmConfig(_Section):
     """Advantage estimator and policy loss (formulas: docs/algorithms.md)."""
 
@@ -152,6 +156,14 @@ class AlgorithmConfig(_Section):
         description="policy gradient only on the top-q fraction of highest-entropy action tokens of "
         "the batch (Wang et al. 2025's 80/20 rule: 0.2); null = every token",
     )
+    turn_discount: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="per-turn rewards (Turn.reward) discounted toward the outcome join the score each "
+        "trajectory is compared on: S = R + sum_t turn_discount^(T-1-t) r_t (flow_grpo, grpo_dr, gigpo); "
+        "null = the outcome alone",
+    )
     exclude_terminations: list[Termination] = Field(
         default_factory=list,
         description="episodes that ended this way leave the update and their group's baseline "
@@ -173,6 +185,27 @@ class AlgorithmConfig(_Section):
         if self.dual_clip is not None and self.loss != "ppo_clip":
             raise ValueError(
                 f"dual_clip applies to loss=ppo_clip only; with loss={self.loss} set algorithm.dual_clip=null"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _turn_discount_estimators(self) -> AlgorithmConfig:
+        if self.turn_discount is None:
+            return self
+        if self.name == "ppo":
+            raise ValueError(
+                "algorithm.turn_discount applies to the group estimators; PPO discounts per-turn rewards "
+                "in its GAE (algorithm.ppo.gamma): set algorithm.turn_discount=null"
+            )
+        if self.estimator not in TURN_DISCOUNT_ESTIMATORS:
+            raise ValueError(
+                f"algorithm.turn_discount is supported by the estimators {list(TURN_DISCOUNT_ESTIMATORS)}, "
+                f"not {self.estimator!r}: change algorithm.estimator or set algorithm.turn_discount=null"
+            )
+        if "turn_discount" in self.estimator_kwargs:
+            raise ValueError(
+                "turn_discount is set both as algorithm.turn_discount and in algorithm.estimator_kwargs: "
+                "keep algorithm.turn_discount only"
             )
         return self
 

@@ -417,7 +417,11 @@ class Trainer:
     def _drop(self, group: TrajectoryGroup) -> bool:
         """Whether ``group`` is left out of the update: equal rewards give it no signal."""
         # A critic gives equal-reward groups a signal (its values differ), so PPO keeps them.
-        return self.critic is None and self.cfg.train.drop_zero_variance_groups and is_zero_variance(group)
+        return (
+            self.critic is None
+            and self.cfg.train.drop_zero_variance_groups
+            and is_zero_variance(group, turn_discount=self.cfg.algorithm.turn_discount)
+        )
 
     def update(self, trajs: Sequence[Trajectory]) -> dict[str, float]:
         """Policy updates on one rollout batch: ``epochs_per_batch`` passes, each split into
