@@ -236,16 +236,19 @@ def nice_ticks(lo: float, hi: float, n: int = 5, *, integer: bool = False) -> li
 
 
 def tick_labels(ticks: Sequence[float]) -> list[str]:
-    """Labels for evenly spaced ``ticks`` with as many decimals as their spacing needs, so ticks
-    of a ratio near 1 (0.9999, 1, 1.0001) never all read "1"."""
-    if len(ticks) < 2:
-        return [_fmt(t) for t in ticks]
+    """Labels for evenly spaced ``ticks`` with as many digits as their spacing needs, so ticks of
+    a ratio near 1 never all read "1": spacing below 1e-4 of the values is shown as offsets from
+    a round base ("1-5.0e-07"), very large or small values in scientific notation."""
     gaps = [abs(b - a) for a, b in itertools.pairwise(ticks) if b != a]
-    step = min(gaps) if gaps else 1.0
-    big = max(abs(t) for t in ticks)
-    if big >= 1e6 or step < 1e-6:
-        digits = max(0, math.ceil(math.log10(big / step)) if big else 0)
-        return [f"{t:.{min(digits, 12)}e}" if t else "0" for t in ticks]
+    if not gaps:
+        return [_fmt(t) for t in ticks]
+    step, big = min(gaps), max(abs(t) for t in ticks)
+    if big and step / big < 1e-4:
+        base = float(f"{ticks[len(ticks) // 2]:.3g}")
+        return [f"{base:g}" if t == base else f"{base:g}{t - base:+.1e}" for t in ticks]
+    if big >= 1e6 or 0 < big < 1e-3:
+        digits = max(1, math.ceil(math.log10(big / step)) + 1)
+        return [f"{t:.{digits - 1}e}" if t else "0" for t in ticks]
     decimals = max(0, -math.floor(math.log10(step) + 1e-9))
     if any(abs(round(t, decimals) - t) > step * 1e-6 for t in ticks):
         decimals += 1  # a 2.5 step: one more decimal
@@ -294,6 +297,8 @@ def svg_line_chart(
     if y_range is not None:  # a fixed range, widened if the data leave it
         lo, hi = min(lo, y_range[0]), max(hi, y_range[1])
     yt = nice_ticks(lo, hi, 5)
+    ml = max(ml, 6 * max(len(t) for t in tick_labels(yt)) + 10)  # room for the y labels
+    pw = width - ml - mr
     x0, x1, y0, y1 = xt[0], xt[-1], yt[0], yt[-1]
 
     def sx(x: float) -> float:
@@ -422,19 +427,26 @@ def ended_text(traj: Trajectory) -> str:
     return text
 
 
-def _gold_answers(run: RunDir) -> dict[str, str]:
-    """Task id -> gold answer of the run's environment (both splits); empty when the environment
-    cannot be built here (the report still renders, without gold answers)."""
-    try:
-        from flowgrpo.components import env_factory_of
+def _gold_answers(run: RunDir, env_names: Sequence[str] = ()) -> dict[str, str]:
+    """Task id -> gold answer of the run's environment (both splits): the config's, else each
+    environment the episodes name (with default arguments); empty when none can be built here (a
+    plugin not installed): the report still renders, without gold answers."""
+    from flowgrpo.components import env_factory_of
+    from flowgrpo.config import EnvConfig
 
-        env = env_factory_of(run.config().env)()
-        return {
-            t.id: t.answer for split in ("train", "test") for t in env.tasks(split) if t.answer is not None
-        }
-    except Exception as err:  # a plugin env not installed here: the report does not need it
-        log.warning("gold answers not shown: the run's environment could not be built (%s)", err)
-        return {}
+    try:
+        envs = [run.config().env]
+    except RunError as err:
+        log.warning("gold answers from the episodes' environments: %s", str(err).splitlines()[0])
+        envs = [EnvConfig(name=n) for n in dict.fromkeys(env_names)]
+    golds: dict[str, str] = {}
+    for spec in envs:
+        try:
+            env = env_factory_of(spec)()
+            golds |= {t.id: t.answer for split in ("train", "test") for t in env.tasks(split) if t.answer}
+        except Exception as err:  # a plugin env not installed here: the report does not need it
+            log.warning("gold answers of %r not shown: its environment cannot be built (%s)", spec.name, err)
+    return golds
 
 
 def trajectory_html(
@@ -641,7 +653,6 @@ def render_report(
     metrics = [r for r in rows if not is_warm_start_row(r)]  # RL steps only: the step axis and count
     warm = [r for r in rows if is_warm_start_row(r)]
     evals = _clean([e.model_dump(mode="json", exclude={"per_task"}) for e in recorded])
-    golds = _gold_answers(run)
     charts = [
         svg_line_chart(
             {"train": _series(metrics, "reward_mean")}, title="mean reward", chart_id="chart-reward"
@@ -688,6 +699,7 @@ def render_report(
     table_cols = ["step", *(k for _, keys in metric_order([k for r in metrics for k in r]) for k in keys)]
 
     picked = _pick_trajectories(run, steps, max_trajectories)
+    golds = _gold_answers(run, [t.env for _, t in picked])
     advs = [abs(u.advantage) for _, t in picked for u in t.turns if u.advantage is not None]
     scale = max(advs) if advs else 1.0
     trajs_html = "".join(

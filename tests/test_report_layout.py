@@ -20,10 +20,15 @@ from flowgrpo.types import Message, Termination, Trajectory, Turn
 def test_ticks_of_a_ratio_near_one_are_all_different():
     ticks = nice_ticks(0.99991, 1.00008, 5)
     assert ticks == [0.9999, 0.99995, 1.0, 1.00005, 1.0001]
-    assert tick_labels(ticks) == ["0.99990", "0.99995", "1.00000", "1.00005", "1.00010"]
+    assert tick_labels(ticks) == ["1-1.0e-04", "1-5.0e-05", "1", "1+5.0e-05", "1+1.0e-04"]
+    assert tick_labels([0.9, 0.95, 1.0]) == ["0.90", "0.95", "1.00"]
+    labels = tick_labels(nice_ticks(0.9999775, 0.9999875, 5))
+    assert len(set(labels)) == len(labels) == 4
     assert tick_labels([0, 50, 100]) == ["0", "50", "100"]
     assert tick_labels([0.0, 0.25, 0.5]) == ["0.00", "0.25", "0.50"]  # a 2.5 step needs 2 decimals
     assert tick_labels([1e6, 2e6, 3e6]) == ["1.0e+06", "2.0e+06", "3.0e+06"]
+    assert tick_labels([0.9999995, 0.9999996, 0.9999997]) == ["1-5.0e-07", "1-4.0e-07", "1-3.0e-07"]
+    assert tick_labels([1.8e-05, 2e-05, 2.2e-05]) == ["1.80e-05", "2.00e-05", "2.20e-05"]
 
 
 def test_the_legend_sits_below_the_plot_box():
