@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from flowgrpo.curriculum import CurriculumConfig
 from flowgrpo.foreign_names import key_hint, value_hint
 from flowgrpo.lora import LoraSpec
 from flowgrpo.agentflow.config import AgentConfig
@@ -338,6 +339,7 @@ class TrainConfig(_Section):
     run: RunSection = Field(default_factory=RunSection)
     sft: SFTSection = Field(default_factory=SFTSection)
     agent: AgentConfig = Field(default_factory=AgentConfig)
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
@@ -499,6 +501,7 @@ __all__ = [
     "AgentConfig",
     "AlgorithmConfig",
     "ConfigError",
+    "CurriculumConfig",
     "EnvConfig",
     "ModelConfig",
     "PPOConfig",

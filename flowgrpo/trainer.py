@@ -37,7 +37,6 @@ import copy
 import logging
 import math
 import os
-import random
 import signal
 import time
 import warnings
@@ -62,8 +61,9 @@ from flowgrpo.checkpoint import (
     set_rng_state,
     write_reference,
 )
-from flowgrpo.components import Components, GroupScorer, build
+from flowgrpo.components import Components, GroupScorer, build, env_factory_of
 from flowgrpo.config import TrainConfig, dump_config
+from flowgrpo.curriculum import TaskSampler, TaskStream, make_sampler
 from flowgrpo.env import Environment, Split
 from flowgrpo.episodes import apply_overlong_penalty, exclude_terminations, is_truncated
 from flowgrpo.evaluation import EvalResult, evaluate, record_evaluation
@@ -76,47 +76,10 @@ from flowgrpo.optim import adamw
 from flowgrpo.records import rewind_records
 from flowgrpo.resume import choose_checkpoint
 from flowgrpo.rollout import RolloutEngine
-from flowgrpo.types import Task, Trajectory, TrajectoryGroup
+from flowgrpo.types import Trajectory, TrajectoryGroup
 from flowgrpo.value import critic_of
 
 log = logging.getLogger(__name__)
-
-
-class TaskStream:
-    """An endless stream over ``tasks``: shuffled with ``(seed, epoch)`` each pass; its state is
-    ``(epoch, position)`` so a resumed run draws the same tasks."""
-
-    def __init__(self, tasks: Sequence[Task], seed: int) -> None:
-        if not tasks:
-            raise ValueError("the environment returned no training tasks (env.tasks('train') is empty)")
-        self.tasks = list(tasks)
-        self.seed = seed
-        self.epoch = 0
-        self.pos = 0
-        self._order = self._shuffle()
-
-    def _shuffle(self) -> list[int]:
-        order = list(range(len(self.tasks)))
-        random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
-        return order
-
-    def next(self, n: int) -> list[Task]:
-        out = []
-        for _ in range(n):
-            if self.pos >= len(self._order):
-                self.epoch += 1
-                self.pos = 0
-                self._order = self._shuffle()
-            out.append(self.tasks[self._order[self.pos]])
-            self.pos += 1
-        return out
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "pos": self.pos}
-
-    def load_state_dict(self, s: dict[str, int]) -> None:
-        self.epoch, self.pos = int(s["epoch"]), int(s["pos"])
-        self._order = self._shuffle()
 
 
 def lr_lambda(schedule: str, total: int, warmup: int, min_ratio: float) -> Callable[[int], float]:
@@ -191,12 +154,13 @@ class Trainer:
             self.optimizer,
             lr_lambda(cfg.train.lr_schedule, cfg.train.steps, cfg.train.warmup_steps, cfg.train.min_lr_ratio),
         )
-        self.stream = TaskStream(parts.tasks("train"), cfg.train.seed)
+        self.stream: TaskSampler = make_sampler(cfg.curriculum, parts.tasks("train"), cfg.train.seed)
         # train.async_staleness > 0: a rollout thread samples ahead (flowgrpo.async_rollout)
         self.replica = rollout_replica(cfg, parts) if cfg.train.async_staleness else None
         if self.replica is not None:
             self.engine.backend = self.replica  # the rollout thread samples its own copy
         self.producer: AsyncRollout | None = None
+        self._stage = -1  # the curriculum.difficulty stage the environment was built for
         self._stream_state: dict[str, int] | None = None  # of the last batch trained on (async)
         self.idle = IdleWatch(cfg.train.group_size)  # says so when steps train nothing
         self.step = 0
@@ -376,6 +340,7 @@ class Trainer:
         ``train.async_staleness`` > 0)."""
         cfg, t0 = self.cfg, time.monotonic()
         self._reseed(step)
+        self._difficulty(step)
         groups = self._rollout(cfg.train.tasks_per_step)
         train_groups = [g for g in groups if not self._drop(g)]
         rounds = 0
@@ -397,7 +362,22 @@ class Trainer:
         self.reward.score_groups(groups)
         self._episode_rules(groups)
         self.parts.estimator(groups)
+        self.stream.observe(groups)  # a curriculum's pass rates
         return groups
+
+    def _difficulty(self, step: int) -> None:
+        """``curriculum.difficulty``: from a stage's step on, episodes and training tasks come from
+        the environment rebuilt with that stage's kwargs (held-out evaluation keeps ``env``)."""
+        stage = self.cfg.curriculum.stage_at(step)
+        if stage < 0 or stage == self._stage:
+            return
+        env = self.cfg.env.model_copy(
+            update={"kwargs": {**self.cfg.env.kwargs, **self.cfg.curriculum.difficulty[stage].env_kwargs}}
+        )
+        self.parts.env_factory = env_factory_of(env)
+        self.stream.set_tasks(self.parts.env_factory().tasks("train"), stage)
+        self._stage = stage
+        log.info("step %d: difficulty stage %d, env kwargs %s", step, stage, env.kwargs)
 
     def _episode_rules(self, groups: list[TrajectoryGroup]) -> None:
         """Termination-aware exclusion and DAPO's overlong penalty, before the advantages."""

@@ -1,0 +1,162 @@
+"""Curriculum: pass-rate task sampling, difficulty stages by step, and exact resume of both."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flowgrpo.config import ConfigError, load_config
+from flowgrpo.curriculum import PassRateSampler, TaskStream, pass_rate_weight
+from flowgrpo.env import register
+from flowgrpo.rundir import RunDir
+from flowgrpo.types import Task, Trajectory, TrajectoryGroup
+from tests.test_trainer import EXACT, FirstTokenEnv, make_trainer, one_thread, params  # noqa: F401
+
+
+class LevelEnv(FirstTokenEnv):
+    """FirstTokenEnv whose task ids name the difficulty level it was built with."""
+
+    def __init__(self, level: int = 1) -> None:
+        self.level = level
+
+    def tasks(self, split: str) -> list[Task]:
+        n = 8 if split == "train" else 4
+        return [Task(id=f"L{self.level}-{split}-{i}", prompt=f"task {i} at {self.level}") for i in range(n)]
+
+
+register("levels_test", LevelEnv)
+
+
+def tasks(n: int) -> list[Task]:
+    return [Task(id=f"t{i}", prompt=str(i)) for i in range(n)]
+
+
+def group(task_id: str, rewards: list[float]) -> TrajectoryGroup:
+    return TrajectoryGroup(
+        task=Task(id=task_id, prompt=""),
+        trajectories=[Trajectory(task_id=task_id, reward=r) for r in rewards],
+    )
+
+
+def test_pass_rate_weight_hand_computed():
+    assert pass_rate_weight(None, 0.01) == 0.25  # never tried: the most learnable
+    assert pass_rate_weight(0.5, 0.01) == 0.25
+    assert pass_rate_weight(0.25, 0.01) == 0.1875  # 0.25 * 0.75
+    assert pass_rate_weight(0.0, 0.01) == 0.01 and pass_rate_weight(1.0, 0.05) == 0.05
+
+
+def test_pass_rates_use_the_last_window_episodes_and_skip_excluded():
+    s = PassRateSampler(tasks(3), seed=0, window=4)
+    s.observe([group("t0", [1, 1, 0]), group("t1", [1, 1])])
+    s.observe([group("t0", [0, 0])])  # t0: [1, 1, 0, 0, 0] -> the last 4: [1, 0, 0, 0]
+    bad = group("t2", [1.0])
+    bad.trajectories[0].excluded = "termination:error"
+    s.observe([bad])
+    assert s.pass_rate("t0") == 0.25 and s.pass_rate("t1") == 1.0 and s.pass_rate("t2") is None
+    assert s.weights() == [0.1875, 0.01, 0.25]
+
+
+def test_frontier_tasks_are_drawn_in_proportion_to_their_weight():
+    s = PassRateSampler(tasks(2), seed=1, floor=0.01)
+    s.observe([group("t0", [1, 0]), group("t1", [1, 1])])  # weights 0.25 and 0.01
+    n = 4000
+    hits = sum(s.next(1)[0].id == "t0" for _ in range(n))
+    # P(t0) = 0.25 / 0.26 = 0.9615; 4 binomial standard deviations: +- 0.0122
+    assert abs(hits / n - 0.25 / 0.26) < 0.0122
+    drawn = s.next(2)
+    assert sorted(t.id for t in drawn) == ["t0", "t1"]  # distinct within a call
+    assert [t.id for t in s.next(5)].count("t0") >= 2  # more than the list: all, then again
+
+
+def test_sampler_state_resumes_exactly():
+    a = PassRateSampler(tasks(6), seed=3)
+    a.observe([group("t1", [1, 0]), group("t4", [1, 1, 1])])
+    a.next(3)
+    state = a.state_dict()
+    b = PassRateSampler(tasks(6), seed=3)
+    b.load_state_dict(state)
+    assert [t.id for t in a.next(4)] == [t.id for t in b.next(4)]
+    a.observe([group("t2", [0])])
+    assert state["history"] == {"t1": [1.0, 0.0], "t4": [1.0, 1.0, 1.0]}  # a copy, not a view
+    with pytest.raises(ValueError, match=r"same curriculum\.sampler"):
+        TaskStream(tasks(2), 0).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"same curriculum\.sampler"):
+        b.load_state_dict(TaskStream(tasks(2), 0).state_dict())
+
+
+def test_a_new_stage_restarts_the_stream_and_the_same_stage_keeps_its_place():
+    s = TaskStream(tasks(4), seed=0)
+    s.next(3)
+    s.set_tasks(tasks(4), stage=-1)  # the same stage (a resumed run rebuilding its env)
+    assert (s.epoch, s.pos) == (0, 3)
+    s.set_tasks(tasks(5), stage=0)
+    assert s.state_dict() == {"epoch": 0, "pos": 0, "stage": 0}
+    p = PassRateSampler(tasks(2), seed=0)
+    p.observe([group("t0", [1])])
+    p.set_tasks(tasks(2), stage=0)
+    assert p.history == {} and p.stage == 0
+
+
+def test_config_validation():
+    cfg = load_config(None, [])
+    assert cfg.curriculum.sampler == "uniform" and cfg.curriculum.difficulty == []  # today's default
+    c = load_config(
+        None,
+        [
+            "curriculum.difficulty=[{from_step: 0, env_kwargs: {difficulty: 1}}, "
+            "{from_step: 5, env_kwargs: {difficulty: 2}}]"
+        ],
+    ).curriculum
+    assert [c.stage_at(s) for s in (0, 4, 5, 99)] == [0, 0, 1, 1]
+    assert (
+        load_config(None, ["curriculum.difficulty=[{from_step: 3, env_kwargs: {a: 1}}]"]).curriculum.stage_at(
+            2
+        )
+        == -1
+    )
+    with pytest.raises(ConfigError, match="strictly increasing from_step"):
+        load_config(
+            None,
+            [
+                "curriculum.difficulty=[{from_step: 5, env_kwargs: {a: 1}}, {from_step: 2, env_kwargs: {a: 2}}]"
+            ],
+        )
+    with pytest.raises(ConfigError, match=r"curriculum\.sampler"):
+        load_config(None, ["curriculum.sampler=hardest"])
+    with pytest.raises(ConfigError, match=r"curriculum\.floor"):
+        load_config(None, ["curriculum.floor=0.5"])
+    with pytest.raises(ConfigError, match=r"curriculum\.difficulty\.0\.env_kwargs"):
+        load_config(None, ["curriculum.difficulty=[{from_step: 1, env_kwargs: {}}]"])
+
+
+CURRICULUM = (
+    EXACT,
+    "env.name=levels_test",
+    "curriculum.sampler=pass_rate",
+    "curriculum.difficulty=[{from_step: 2, env_kwargs: {level: 2}}]",
+    "train.steps=4",
+    "run.save_every=1",
+)
+
+
+def task_ids(run, step: int) -> list[str]:
+    return sorted({t.task_id for t in RunDir(run).trajectories(step)})
+
+
+def test_curriculum_and_difficulty_resume_exactly(tmp_path):
+    straight = make_trainer(tmp_path, *CURRICULUM, name="straight")
+    straight.train()
+    first = make_trainer(tmp_path, *CURRICULUM, name="split")
+    first.train(until_step=3)  # stops inside the second stage
+    del first
+    resumed = make_trainer(tmp_path, *CURRICULUM, "run.resume=true", name="split")
+    assert resumed.step == 3
+    resumed.train()
+    assert straight.stream.state_dict() == resumed.stream.state_dict()
+    for step in (1, 2, 3, 4):
+        assert task_ids(tmp_path / "straight", step) == task_ids(tmp_path / "split", step), step
+    # steps 0 and 1: the env the trainer was given; from step index 2 on: levels_test(level=2)
+    assert all(t.startswith("train-") for t in task_ids(tmp_path / "straight", 2))
+    assert all(t.startswith("L2-") for t in task_ids(tmp_path / "straight", 3))
+    for k, v in params(straight.model).items():
+        assert torch.equal(v, resumed.model.state_dict()[k]), k
