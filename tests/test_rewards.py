@@ -113,7 +113,8 @@ def test_symbolic_comparison_runs_under_a_budget(monkeypatch, caplog) -> None:
 
     assert math_equal("2(x+1)", "2x + 2")
     monkeypatch.setattr(answers, "SYMBOLIC_BUDGET_S", 1e-4)
-    assert not math_equal("2(x+1)", "2x + 2")
+    # an expression sympy has not seen in this worker (its cache would answer a repeat at once)
+    assert not math_equal("(a+b)(a-b)(c+d)", "(a*a - b*b)(d+c)")
     assert "stopped" in caplog.text and "scored as not equal" in caplog.text
 
 
