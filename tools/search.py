@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from flowgrpo.http import RetriesExhausted, request_with_retries
 from flowgrpo.tool import ToolError, ToolOutput
 
 log = logging.getLogger(__name__)
@@ -234,32 +235,29 @@ class HTTPSearchBackend:
         params: dict[str, Any] = {self.query_param: query}
         if self.k_param:
             params[self.k_param] = k
-        last = ""
+        where = {"params": params} if self.method == "GET" else {"json": params}
         async with httpx.AsyncClient(timeout=self.timeout_s, headers=self.headers) as client:
-            for attempt in range(self.retries + 1):
-                if attempt:
-                    await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
-                try:
-                    if self.method == "GET":
-                        r = await client.get(self.url, params=params)
-                    else:
-                        r = await client.post(self.url, json=params)
-                except (httpx.TimeoutException, httpx.TransportError) as e:
-                    last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-                    continue
-                if r.status_code == 429 or r.status_code >= 500:
-                    last = f"HTTP {r.status_code}"
-                    continue
-                if r.status_code >= 400:
-                    raise ToolError(f"search service refused the query: HTTP {r.status_code}")
-                try:
-                    data = r.json()
-                except ValueError as e:
-                    raise ToolError("search service returned invalid JSON") from e
-                return self._hits(data, query, k)
-        raise ToolError(
-            f"search service unavailable after {self.retries + 1} attempts ({last}); try again later"
-        )
+            try:
+                r = await request_with_retries(
+                    client,
+                    self.method,
+                    self.url,
+                    retries=self.retries,
+                    backoff_s=self.backoff_s,
+                    timeout_s=self.timeout_s,
+                    **where,
+                )
+            except RetriesExhausted as e:
+                raise ToolError(
+                    f"search service unavailable after {e.attempts} attempts ({e.last}); try again later"
+                ) from e
+        if r.status_code >= 400:
+            raise ToolError(f"search service refused the query: HTTP {r.status_code}")
+        try:
+            data = r.json()
+        except ValueError as e:
+            raise ToolError("search service returned invalid JSON") from e
+        return self._hits(data, query, k)
 
 
 class SearchArgs(BaseModel):

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Sequence
 from typing import Any
 
 from flowgrpo.backends.base import BackendBase, GenerationResult, SamplingParams, prompt_limits
+from flowgrpo.http import RetriesExhausted, request_with_retries
 from flowgrpo.types import Message
 
 log = logging.getLogger(__name__)
@@ -136,27 +136,24 @@ class OpenAIBackend(BackendBase):
         return self._sem
 
     async def _post(self, client: Any, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        import httpx
-
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        last: str = ""
         async with self._semaphore():
-            for attempt in range(self.max_retries + 1):
-                try:
-                    r = await client.post(
-                        self.base_url + path, json=body, headers=headers, timeout=self.timeout_s
-                    )
-                except httpx.TransportError as e:  # connect errors, timeouts, resets
-                    last = f"{type(e).__name__}: {e}"
-                else:
-                    if r.status_code == 200:
-                        return r.json()
-                    last = f"HTTP {r.status_code}: {r.text[:500]}"
-                    if r.status_code != 429 and r.status_code < 500:
-                        raise OpenAIBackendError(f"{path} failed: {last}")
-                if attempt < self.max_retries:
-                    await asyncio.sleep(self.backoff_s * 2**attempt * (0.5 + random.random()))
-        raise OpenAIBackendError(f"{path} failed after {self.max_retries + 1} attempts: {last}")
+            try:
+                r = await request_with_retries(
+                    client,
+                    "POST",
+                    self.base_url + path,
+                    json=body,
+                    headers=headers,
+                    timeout_s=self.timeout_s,
+                    retries=self.max_retries,
+                    backoff_s=self.backoff_s,
+                )
+            except RetriesExhausted as e:
+                raise OpenAIBackendError(f"{path} {e}") from e
+        if r.status_code != 200:
+            raise OpenAIBackendError(f"{path} failed: HTTP {r.status_code}: {r.text[:500]}")
+        return r.json()
 
     def _client(self) -> Any:
         import httpx
