@@ -14,6 +14,7 @@ import pytest
 from flowgrpo.rewards import (
     CompositeReward,
     JudgeReward,
+    Missing,
     OpenAIChatClient,
     RewardSpec,
     make_reward,
@@ -212,3 +213,35 @@ def test_judge_with_a_local_hf_model() -> None:
 def test_parse_score(reply: str, expected: float | None) -> None:
     got = parse_score(reply)
     assert got == (pytest.approx(expected) if expected is not None else None)
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        ("SCORE: 4", 0.75),  # (4 - 1) / (5 - 1)
+        ("Score: 1", 0.0),
+        ("5", 1.0),
+        ("SCORE: 4/5", 0.75),
+        ("Clear steps, right answer: 3/5", 0.5),
+        ("score = 2.5 because the steps are thin", 0.375),
+        ("SCORE: 7", None),  # outside the rubric: no score, never clamped
+        ("I think 3 or 4", None),  # two numbers, no score marker
+        ("Rating 4/10", None),
+        ("", None),
+    ],
+)
+def test_rubric_scores_are_normalised_by_hand(reply, expected):
+    from flowgrpo.rewards.judge import parse_rubric_score
+
+    assert parse_rubric_score(reply, 1, 5) == (None if expected is None else pytest.approx(expected))
+
+
+def test_judge_on_a_1_to_5_rubric_through_the_server(server: JudgeServer) -> None:
+    server.replies = lambda n, body: (200, "The steps are right but wordy. SCORE: 4", 0.0)
+    judge = make_reward("judge", base_url=server.url, model="m", score_range=[1, 5])
+    assert judge(make_group(1).trajectories[0], TASK) == pytest.approx(0.75)
+    server.replies = lambda n, body: (200, "SCORE: 9", 0.0)  # off the rubric: the episode gets no reward
+    assert isinstance(judge(make_group(1).trajectories[0], TASK), Missing)
+    assert judge.failures == 1
+    with pytest.raises(ValueError, match=r"score_range must be \[low, high\]"):
+        JudgeReward(base_url=server.url, score_range=[5, 1])

@@ -93,6 +93,31 @@ def parse_score(text: str) -> float | None:
     return None
 
 
+def parse_rubric_score(text: str, low: float, high: float) -> float | None:
+    """A score on a ``low``-``high`` rubric (e.g. 1-5), normalised to [0, 1] as
+    ``(x - low) / (high - low)``; None when the reply has none or it lies outside the rubric.
+
+    The number is the last ``score: x`` (``x/5`` reads as x), else the only number of the reply.
+    Unlike :func:`parse_score` there is no guessing of the scale: ``SCORE: 4`` on 1-5 is 0.75.
+    """
+    if not text or not high > low:
+        return None
+    m = list(_SCORE_PATTERNS[0].finditer(text))
+    frac = [g for g in _SCORE_PATTERNS[1].finditer(text) if float(g.group(2)) == high]
+    if m:
+        x = float(m[-1].group(1))
+    elif frac:  # "4/5"
+        x = float(frac[-1].group(1))
+    else:
+        nums = re.findall(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])", text)
+        if len(nums) != 1:
+            return None
+        x = float(nums[0])
+    if not low <= x <= high:
+        return None
+    return (x - low) / (high - low)
+
+
 def _scale(x: float, denom: float | None) -> float | None:
     if denom is not None:
         if denom <= 0:
@@ -194,7 +219,8 @@ class JudgeReward(Reward):
     fails (after the client's retries) or a reply without a parsable score is logged, counted in
     ``self.failures`` and gives :class:`~flowgrpo.rewards.base.Missing` (the episode leaves the
     update and its group's baseline), or ``fallback`` when it is a number; training never crashes
-    on a judge.
+    on a judge. ``score_range=[1, 5]`` reads the reply on that rubric and normalises it to [0, 1]
+    (:func:`parse_rubric_score`); without it, :func:`parse_score` reads a 0-1, /10 or % score.
     """
 
     def __init__(
@@ -212,6 +238,7 @@ class JudgeReward(Reward):
         max_concurrency: int = 8,
         fallback: float | None = None,
         max_transcript_chars: int = 6000,
+        score_range: tuple[float, float] | None = None,
     ) -> None:
         if client is None:
             if base_url is not None:
@@ -239,6 +266,11 @@ class JudgeReward(Reward):
                 raise ValueError(f"the judge template must contain {key_} (and may use {{reference}})")
         self.client, self.template, self.fallback = client, template, fallback
         self.max_transcript_chars = max_transcript_chars
+        if score_range is not None and not (len(score_range) == 2 and score_range[0] < score_range[1]):
+            raise ValueError(
+                f"score_range must be [low, high] with low < high (e.g. [1, 5]), got {score_range}"
+            )
+        self.score_range = None if score_range is None else (float(score_range[0]), float(score_range[1]))
         self.max_concurrency = max_concurrency
         self.failures = 0
         self.calls = 0
@@ -266,7 +298,10 @@ class JudgeReward(Reward):
                 reply = await self.client.complete(self.render(traj, task))
             except Exception as e:
                 return self._failed(traj, f"call failed ({type(e).__name__}: {e})")
-        score = parse_score(reply)
+        if self.score_range is None:
+            score = parse_score(reply)
+        else:
+            score = parse_rubric_score(reply, *self.score_range)
         if score is None:
             return self._failed(traj, f"reply has no score ({reply[:120]!r})")
         return score
