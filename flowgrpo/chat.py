@@ -15,8 +15,11 @@ text does not round-trip. So a conversation is built incrementally:
   ``render(history)``: the observation messages plus the generation prompt of the next turn.
 
 This is only correct for templates that are *prefix-preserving* (rendering more messages only
-appends text). :class:`ChatFormat` checks that at start-up with sentinel messages and raises
-:class:`ChatTemplateError` otherwise (e.g. Qwen3 templates that drop earlier reasoning).
+appends text). :class:`ChatFormat` checks that at start-up with sentinel messages, once with plain
+assistant content and once with a ``<think>...</think>`` block in it, and raises
+:class:`ChatTemplateError` naming the template and the turn otherwise (e.g. Qwen3 templates, which
+write an empty think block into the last assistant turn only, or strip earlier reasoning);
+:meth:`ChatFormat.observation_delta` names the turn where a later conversation breaks it.
 
 Tool prompt fallback. Templates with tool support render ``tools=`` (JSON schemas) into the
 prompt. Templates without it (SmolLM2's ChatML) silently ignore ``tools=``; we detect this by
@@ -45,6 +48,8 @@ _SENT_A = "\u2063ASSISTANT_SENTINEL_7f3a\u2063"
 _SENT_T = "\u2063TOOL_SENTINEL_91c2\u2063"
 _SENT_U = "\u2063USER_SENTINEL_4be0\u2063"
 _SENT_S = "\u2063SYSTEM_SENTINEL_d41d\u2063"
+_SENT_R = "\u2063REASONING_SENTINEL_0b7e\u2063"
+_THINKING = f"<think>\n{_SENT_R}\n</think>\n\n{_SENT_A}"  # a thinking model's turn
 
 
 class ChatTemplateError(ValueError):
@@ -68,6 +73,7 @@ class ChatFormat:
         end_of_turn_ids: token ids that end an assistant turn (default: the tokenizer's eos id and
             ``<|im_end|>`` if it exists). Used as stop ids and to trim the template's tail.
         tool_role: force (True/False) or auto-detect (None) rendering observations with role "tool".
+        template_name: how errors name the template (default: the tokenizer's ``name_or_path``).
     """
 
     def __init__(
@@ -78,7 +84,9 @@ class ChatFormat:
         parser: ActionParser | None = None,
         end_of_turn_ids: Sequence[int] | None = None,
         tool_role: bool | None = None,
+        template_name: str | None = None,
     ) -> None:
+        self.template_name = template_name or str(tokenizer.name_or_path or "the tokenizer's chat template")
         if getattr(tokenizer, "chat_template", None) is None:
             raise ChatTemplateError(
                 "the tokenizer has no chat_template; set tokenizer.chat_template (e.g. "
@@ -145,23 +153,34 @@ class ChatFormat:
             return False
 
     def _check_prefix_preserving(self) -> None:
+        """Turn 1 -> 2 with sentinel messages: the assistant's content must follow the generation
+        prompt verbatim, and adding an observation must only append text, both for plain content
+        and for content that opens with a ``<think>`` block."""
         sys_user = [Message(role="system", content=_SENT_S), Message(role="user", content=_SENT_U)]
         p = self.render(sys_user, add_generation_prompt=True)
-        a = self.render([*sys_user, Message(role="assistant", content=_SENT_A)], add_generation_prompt=False)
         obs = self.observation_messages([Message(role="tool", content=_SENT_T, tool_call_id="c", name="t")])
-        b = self.render(
-            [*sys_user, Message(role="assistant", content=_SENT_A), *obs], add_generation_prompt=True
-        )
         problems = []
-        if not a.startswith(p + _SENT_A):
-            problems.append("the assistant message does not start right after the generation prompt")
-        if not b.startswith(a):
-            problems.append("rendering an observation after an assistant message changes earlier text")
+        for label, content in (("", _SENT_A), (" with a <think> block", _THINKING)):
+            asst = [*sys_user, Message(role="assistant", content=content)]
+            a = self.render(asst, add_generation_prompt=False)
+            b = self.render([*asst, *obs], add_generation_prompt=True)
+            if not a.startswith(p + content):
+                problems.append(
+                    f"the assistant message{label} is not written verbatim after the generation prompt "
+                    f"({_difference(p + content, a)})"
+                )
+            elif not b.startswith(a):
+                problems.append(
+                    f"rendering an observation after an assistant message{label} changes earlier text "
+                    f"({_difference(a, b)})"
+                )
         if problems:
             raise ChatTemplateError(
-                "chat template is not prefix-preserving (" + "; ".join(problems) + "), so multi-turn "
-                "token deltas would not match what the model saw. Use a ChatML-like template "
-                "(flowgrpo.models.CHATML_TEMPLATE) or an environment whose turns set resets_context."
+                f"chat template {self.template_name!r} is not prefix-preserving at turn 1 -> 2: "
+                + "; ".join(problems)
+                + ". Multi-turn token deltas would not match what the model saw. Use a ChatML-like "
+                "template (flowgrpo.models.CHATML_TEMPLATE) or an environment whose turns set "
+                "resets_context."
             )
 
     # ---------------------------------------------------------------- conversation pieces
@@ -238,11 +257,39 @@ class ChatFormat:
         a = self.render(with_asst, add_generation_prompt=False)
         b = self.render([*with_asst, *self.observation_messages(observations)], add_generation_prompt=True)
         if not b.startswith(a):
-            raise ChatTemplateError("the chat template is not prefix-preserving for these observations")
+            turn = 1 + sum(m.role == "assistant" for m in history)
+            raise ChatTemplateError(
+                f"chat template {self.template_name!r} is not prefix-preserving at turn {turn} -> "
+                f"{turn + 1}: rendering these observations changes earlier text ({_difference(a, b)})"
+            )
         return self.encode(tail + b[len(a) :])
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+
+def _difference(expected: str, got: str) -> str:
+    """Where ``got`` stops extending ``expected``, shown as short reprs of both around it."""
+    i = 0
+    while i < min(len(expected), len(got)) and expected[i] == got[i]:
+        i += 1
+
+    def show(text: str) -> str:
+        piece = text[max(0, i - 10) : i + 30]
+        for sentinel, name in _NAMES.items():
+            piece = piece.replace(sentinel, name)
+        return repr(piece)
+
+    return f"at character {i}: expected {show(expected)}, the template wrote {show(got)}"
+
+
+_NAMES = {
+    _SENT_A: "<content>",
+    _SENT_R: "<reasoning>",
+    _SENT_T: "<tool>",
+    _SENT_U: "<user>",
+    _SENT_S: "<system>",
+}
 
 
 __all__ = ["ChatFormat", "ChatTemplateError"]
