@@ -141,13 +141,16 @@ def check_env_name(name: str) -> None:
     from flowgrpo.config import ConfigError
     from flowgrpo.env import list_envs
 
+    from flowgrpo.plugins import is_spec
+
     known = list_envs()
-    if name not in known:
+    if name not in known and not is_spec(name):  # module:attr / file.py:attr load in env.make
         close = difflib.get_close_matches(name, known, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise ConfigError(
             f"env.name: unknown environment {name!r}; {hint}registered: {', '.join(known) or '(none)'} "
-            '(a package adds one under the entry-point group "flowgrpo.envs")'
+            '(a package adds one under the entry-point group "flowgrpo.envs"; or name one as '
+            "module:Class or path/to/file.py:Class)"
         )
 
 

@@ -109,3 +109,14 @@ def test_is_factory_tells_a_reward_function_from_a_factory():
     def kw_only(*, url): ...
 
     assert not is_factory(reward) and is_factory(factory) and is_factory(kw_only) and is_factory(dict)
+
+
+def test_a_config_names_its_environment_by_file(plugin_file, tmp_path):
+    from flowgrpo.components import build
+    from flowgrpo.config import load_config
+
+    cfg = load_config(
+        None, [f"env.name={plugin_file}:AddEnv", "model.name=tiny", f"run.output_dir={tmp_path}/r"]
+    )
+    parts = build(cfg)
+    assert [t.name for t in parts.env_factory().tools] == ["add"]
