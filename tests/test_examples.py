@@ -156,3 +156,50 @@ def test_train_with_a_bad_config_key_exits_2_and_names_the_fix(capsys):
         cli_main(["train", str(EXAMPLES / "calculator_agent.yaml"), "--set", "train.lrr=1e-5"])
     assert exc.value.code == 2
     assert "did you mean 'train.lr'" in capsys.readouterr().err
+
+
+def _smoke_gsm8k(name: str, out: Path, *extra: str) -> list[dict]:
+    """One step of a GSM8K recipe at smoke settings; returns the RL step's metrics lines."""
+    sets = [*SMOKE, "sft.enabled=false", *extra, f"run.output_dir={out}"]
+    args = [a for kv in sets for a in ("--set", kv)]
+    assert cli_main(["train", str(EXAMPLES / f"{name}.yaml"), *args, "--eval-n", "2", "--no-report"]) == 0
+    assert "name: gsm8k" in (out / "config.yaml").read_text()
+    metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return [m for m in metrics if m["step"] == 1 and "episodes" in m]
+
+
+def test_gsm8k_diversity_recipe_trains_one_step(tmp_path):
+    # group_size 3: with two responses both are equally far from their mean, so diversity is 0
+    [rl] = _smoke_gsm8k("gsm8k_diversity", tmp_path, "train.group_size=3")
+    assert rl["episodes"] == 6.0 and "loss" in rl
+    trajs = read_trajectories(tmp_path / "trajectories" / "step_000001.jsonl")
+    assert all(set(t.reward_breakdown) == {"format", "accuracy", "diversity"} for t in trajs)
+    for k in range(2):  # min-max in each group: its least similar response 1, its most similar 0
+        div = sorted(t.reward_breakdown["diversity"] for t in trajs[3 * k : 3 * k + 3])
+        assert div[0] == 0.0 and div[-1] == 1.0
+
+
+@pytest.fixture
+def judge_server():
+    """``flowgrpo serve``'s server over the tiny random model on a free loopback port."""
+    from flowgrpo.backends.hf import HFBackend
+    from flowgrpo.models import tiny_model
+    from flowgrpo.serve import make_server, serve_in_thread
+
+    model, tok = tiny_model(tiny_tokenizer(), seed=0)
+    server = make_server(HFBackend(model, tok), tok, model_name="tiny", host="127.0.0.1", port=0)
+    serve_in_thread(server)
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_gsm8k_quality_recipe_asks_the_served_judge(tmp_path, judge_server):
+    """The judge's request reaches `flowgrpo serve` and its reply comes back: a random model's reply
+    holds no 1-5 score, so every episode is excluded by the judge with that reason (never a crash)."""
+    judge = [f"rewards.2.kwargs.base_url={judge_server.url}/v1", "rewards.2.kwargs.model=tiny"]
+    [rl] = _smoke_gsm8k("gsm8k_quality", tmp_path, *judge)
+    assert rl["episodes"] == 4.0 and rl["episodes_excluded"] == 4.0
+    trajs = read_trajectories(tmp_path / "trajectories" / "step_000001.jsonl")
+    assert all(t.excluded.startswith("reward:judge: judge: reply has no score") for t in trajs)
+    assert all(set(t.reward_breakdown) == {"accuracy", "format"} for t in trajs)  # the parts that scored

