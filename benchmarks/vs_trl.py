@@ -173,6 +173,12 @@ class _FixedOrder:
         self.i += 1
         return out
 
+    def observe(self, groups: Any) -> None:
+        """The fixed order ignores outcomes (flowgrpo.curriculum.TaskSampler)."""
+
+    def set_tasks(self, tasks: list[Any], stage: int) -> None:
+        raise ValueError("the benchmark's fixed task order has no difficulty stages (curriculum.difficulty)")
+
     def state_dict(self) -> dict[str, int]:
         return {"i": self.i}
 
