@@ -163,6 +163,7 @@ def micro_batches(
     agg: Aggregation = "token_mean",
     norm_len: int | None = None,
     pad_id: int = 0,
+    weights_over: Sequence[Row] | None = None,
 ) -> list[MicroBatch]:
     """Split the rows of one mini-batch into micro-batches of at most ``token_budget`` padded tokens.
 
@@ -170,21 +171,29 @@ def micro_batches(
     over *all* rows, so ``sum(policy_loss(mb, token_weights=mb.token_weights))`` over the returned
     micro-batches equals the loss of the whole mini-batch. A row longer than the budget gets a
     micro-batch of its own (with a warning).
+
+    ``weights_over``: the whole mini-batch when ``rows`` are only part of it (a data-parallel rank's
+    rows, :mod:`flowgrpo.distributed`): the weights are normalised over ``weights_over`` (which must
+    contain every row of ``rows``, by identity), so the ranks' losses sum to the whole batch's.
     """
     if not rows:
         return []
     if token_budget < 1:
         raise ValueError(f"token_budget must be >= 1, got {token_budget}")
+    basis = list(weights_over) if weights_over is not None else list(rows)
     # Weights over the whole mini-batch: one padded int tensor (cheap: no activations).
-    T = max(len(r) for r in rows)
-    mask = _pad(rows, "loss_mask", 0, torch.float32, T)  # (N, T)
+    T = max(len(r) for r in basis)
+    mask = _pad(basis, "loss_mask", 0, torch.float32, T)  # (N, T)
     w_all = aggregation_weights(
         mask,
         agg,
-        seq_index=torch.tensor([r.seq_index for r in rows]),
-        turn_index=_pad(rows, "turn_index", 0, torch.long, T),
+        seq_index=torch.tensor([r.seq_index for r in basis]),
+        turn_index=_pad(basis, "turn_index", 0, torch.long, T),
         norm_len=norm_len,
     )  # (N, T)
+    if weights_over is not None:
+        at = {id(r): i for i, r in enumerate(basis)}
+        w_all = w_all[[at[id(r)] for r in rows]]  # (len(rows), T)
     order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
     groups: list[list[int]] = []
     cur: list[int] = []

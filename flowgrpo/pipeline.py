@@ -37,6 +37,18 @@ def train_and_evaluate(
 
     t0 = time.monotonic()
     trainer = Trainer(cfg)
+    if not trainer.dist.is_main:  # torchrun: rank 0 evaluates and reports; this rank trains in step
+        if cfg.sft.enabled and trainer.step == 0 and not trainer.counters["sft_done"]:
+            trainer.warm_start()
+        result = trainer.train(eval_last_step=not eval_n)
+        return {
+            "untrained": None,
+            "warm": None,
+            "after": None,
+            "comparisons": {},
+            "train": result,
+            "wall_s": time.monotonic() - t0,
+        }
     run = RunDir(trainer.out)
     before = run.find_eval("untrained")
     if untrained_n and before is None:

@@ -287,9 +287,13 @@ class RolloutEngine:
         *,
         policy_version: int = 0,
         on_episode: Callable[[Trajectory], None] | None = None,
+        first_episode: int = 0,
     ) -> list[TrajectoryGroup]:
         """``group_size`` episodes per task, all run concurrently; one group per task, in order.
-        ``on_episode`` is called with each trajectory as its episode ends (e.g. a progress bar)."""
+        ``on_episode`` is called with each trajectory as its episode ends (e.g. a progress bar).
+        ``first_episode`` numbers the episodes for their sampling seeds (continuous scheduling): a
+        data-parallel rank rolling out tasks ``i..j`` of a call passes ``i * group_size``, so its
+        episodes draw the seeds they would in one call over all tasks."""
         if self.backend is None:
             raise ValueError("this RolloutEngine has no backend; use rollout_text_policy for text policies")
         cfg = self.config
@@ -299,7 +303,7 @@ class RolloutEngine:
         batcher = _Batcher(backend, params, max_batch, cfg.batch_wait_ms / 1000)
         continuous = cfg.scheduling == "continuous" and backend.continuous_batching
         in_flight = asyncio.Semaphore(max_batch)
-        episodes = 0
+        episodes = first_episode
         if continuous:
             batcher.gate = _FirstTurnGate(len(tasks) * group_size)
 
@@ -354,11 +358,17 @@ class RolloutEngine:
         *,
         policy_version: int = 0,
         on_episode: Callable[[Trajectory], None] | None = None,
+        first_episode: int = 0,
     ) -> list[TrajectoryGroup]:
         """Blocking wrapper of :meth:`rollout_groups` (must not be called inside a running loop)."""
         return asyncio.run(
             self.rollout_groups(
-                env_factory, tasks, group_size, policy_version=policy_version, on_episode=on_episode
+                env_factory,
+                tasks,
+                group_size,
+                policy_version=policy_version,
+                on_episode=on_episode,
+                first_episode=first_episode,
             )
         )
 

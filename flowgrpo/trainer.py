@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from flowgrpo import interrupt
+from flowgrpo import distributed, interrupt
 from flowgrpo.advantages import is_zero_variance
 from flowgrpo.async_rollout import AsyncRollout, RolloutBatch, rollout_replica, staleness_stats
 from flowgrpo.batching import MicroBatch, Row, build_rows, micro_batches
@@ -137,6 +137,9 @@ class Trainer:
         reward: GroupScorer | None = None,
     ) -> None:
         self.cfg = cfg = config
+        # torchrun: join the process group first (each rank's CUDA device is set before the build)
+        self.dist = distributed.init_from_env(cfg.model.device or "cpu")
+        distributed.check_supported(cfg, self.dist)
         if parts is None:
             parts = build(cfg, model=model, tokenizer=tokenizer, env_factory=env_factory, reward=reward)
         elif any(x is not None for x in (model, tokenizer, env_factory, reward)):
@@ -167,12 +170,15 @@ class Trainer:
         self.counters = {"nan_skipped_steps": 0, "sft_done": 0}
         self.out = Path(cfg.run.output_dir)
         self.ckpt_root = self.out / "checkpoints"
-        self.metrics = MetricsLogger(
-            self.out / "metrics.jsonl", log_to=cfg.run.log_to, config=cfg.model_dump(mode="json")
-        )
+        self._mine: set[str] = set()  # ids of the trajectories this rank rolled out (torchrun)
         self._stop_signal: int | None = None
-        self.out.mkdir(parents=True, exist_ok=True)
-        dump_config(cfg, self.out / "config.yaml")
+        self.metrics: MetricsLogger | None = None  # rank 0 alone writes the run directory
+        if self.dist.is_main:
+            self.metrics = MetricsLogger(
+                self.out / "metrics.jsonl", log_to=cfg.run.log_to, config=cfg.model_dump(mode="json")
+            )
+            self.out.mkdir(parents=True, exist_ok=True)
+            dump_config(cfg, self.out / "config.yaml")
         if cfg.run.resume:
             self.resume(None if cfg.run.resume is True else cfg.run.resume)
 
@@ -211,6 +217,7 @@ class Trainer:
         target = min(until_step or cfg.train.steps, cfg.train.steps)
         if cfg.sft.enabled and self.step == 0 and not self.counters["sft_done"]:
             self.warm_start()
+        distributed.broadcast_parameters(self.model, self.dist)  # every rank starts from rank 0's
         last: dict[str, Any] = {}
         status = "finished"
         bar = tqdm(
@@ -249,7 +256,8 @@ class Trainer:
                     tok_s=f"{last['tokens_per_s']:.0f}",
                 )
                 if (
-                    cfg.run.eval_every
+                    self.metrics is not None
+                    and cfg.run.eval_every
                     and self.step % cfg.run.eval_every == 0
                     and (eval_last_step or self.step < target)
                 ):
@@ -309,7 +317,7 @@ class Trainer:
         self.step += 1
         if self.producer is not None:
             self.producer.updated(self.step)
-        if cfg.run.save_trajectories:
+        if cfg.run.save_trajectories and self.dist.is_main:
             self._save_trajectories(groups)
         stats = rollout_stats(groups, self.parts.parser)
         m = {
@@ -330,7 +338,8 @@ class Trainer:
             "update_tokens_per_s": upd.get("train_tokens", 0.0) / t_update if t_update > 0 else 0.0,
             **{k: float(v) for k, v in self.counters.items()},
         }
-        self.metrics.log(self.step, m)
+        if self.metrics is not None:
+            self.metrics.log(self.step, m)
         self.idle.observe(self.step, m)
         return m
 
@@ -341,6 +350,7 @@ class Trainer:
         cfg, t0 = self.cfg, time.monotonic()
         self._reseed(step)
         self._difficulty(step)
+        self._mine = set()
         groups = self._rollout(cfg.train.tasks_per_step)
         train_groups = [g for g in groups if not self._drop(g)]
         rounds = 0
@@ -356,10 +366,18 @@ class Trainer:
         given advantages (each group is normalised on its own, so rounds can be mixed)."""
         cfg = self.cfg
         tasks = self.stream.next(n_tasks)
+        # torchrun: this rank's shard of the tasks, seeded as in one call over all of them
+        mine = distributed.shard(len(tasks), self.dist.rank, self.dist.world_size)
         groups = self.engine.run_groups(
-            self.env_factory, tasks, cfg.train.group_size, policy_version=self.step
+            self.env_factory,
+            tasks[mine.start : mine.stop],
+            cfg.train.group_size,
+            policy_version=self.step,
+            first_episode=mine.start * cfg.train.group_size,
         )
         self.reward.score_groups(groups)
+        self._mine.update(t.id for g in groups for t in g.trajectories)
+        groups = distributed.gather_groups(groups, self.dist)  # every rank: all groups, task order
         self._episode_rules(groups)
         self.parts.estimator(groups)
         self.stream.observe(groups)  # a curriculum's pass rates
@@ -415,7 +433,10 @@ class Trainer:
         trajs = [t for t in trajs if self._trainable(t)]
         if not trajs:
             return {"optimizer_steps": 0.0}
-        rows = build_rows(trajs, pack=cfg.train.pack_rows)
+        batch_rows = build_rows(trajs, pack=cfg.train.pack_rows)
+        # torchrun: every rank holds the whole batch and trains its own rows; the weights are the
+        # whole batch's, so the ranks' gradients sum to a 1-rank run's (flowgrpo.distributed)
+        rows = [r for r in batch_rows if r.traj_id in self._mine] if self.dist.enabled else batch_rows
         critic_m = {}
         if self.critic is not None:  # PPO: per-token GAE advantages replace the estimator's
             critic_m = self.critic.prepare(
@@ -428,7 +449,7 @@ class Trainer:
         old = self._precompute(self.model, rows) if cfg.algorithm.tis != "off" else None
         keep = self._high_entropy_tokens(rows) if cfg.algorithm.entropy_top_q is not None else None
         by_seq: dict[int, list[Row]] = {}
-        for r in rows:
+        for r in batch_rows:
             by_seq.setdefault(r.seq_index, []).append(r)
         seqs = list(by_seq)
         agg: dict[str, float] = {}
@@ -440,7 +461,13 @@ class Trainer:
             for k in range(n_mb):
                 part = perm[k * len(perm) // n_mb : (k + 1) * len(perm) // n_mb]
                 mb_rows = [r for s in part for r in by_seq[s]]
-                m = self._optimizer_step(mb_rows, ref, old, keep=keep)
+                m = self._optimizer_step(
+                    [r for r in mb_rows if r.traj_id in self._mine] if self.dist.enabled else mb_rows,
+                    ref,
+                    old,
+                    keep=keep,
+                    weights_over=mb_rows if self.dist.enabled else None,
+                )
                 steps += 1
                 for key, v in m.items():
                     agg[key] = agg.get(key, 0.0) + v
@@ -459,6 +486,7 @@ class Trainer:
         old: dict[int, torch.Tensor] | None,
         *,
         keep: dict[int, torch.Tensor] | None = None,
+        weights_over: list[Row] | None = None,
     ) -> dict[str, float]:
         cfg, a = self.cfg, self.cfg.algorithm
         self.optimizer.zero_grad(set_to_none=True)
@@ -469,7 +497,12 @@ class Trainer:
         tokens = 0.0
         finite = True
         for mb in micro_batches(
-            rows, cfg.train.micro_batch_tokens, agg=a.agg, norm_len=a.norm_len, pad_id=self.parts.pad_id
+            rows,
+            cfg.train.micro_batch_tokens,
+            agg=a.agg,
+            norm_len=a.norm_len,
+            pad_id=self.parts.pad_id,
+            weights_over=weights_over,
         ):
             lp, ent = self._logprobs(self.model, mb, with_entropy=True, entropy_grad=a.entropy_coef > 0)
             old_lp, is_w = mb.old_logprobs, None
@@ -514,6 +547,10 @@ class Trainer:
                     sums[k] = sums.get(k, 0.0) + v * n
             sums["entropy"] = sums.get("entropy", 0.0) + float((ent.detach() * mb.loss_mask).sum())
         params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.dist.enabled:  # sum gradients and metric sums over ranks; skip together
+            finite = distributed.all_reduce_gradients(params, finite, self.dist)
+            sums = distributed.sum_over_ranks({**sums, "\0tokens": tokens}, self.dist)
+            tokens = sums.pop("\0tokens")
         grad_norm = float("nan")
         if finite:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.train.grad_clip or float("inf")))
@@ -580,7 +617,9 @@ class Trainer:
         return t
 
     def _reseed(self, step: int) -> None:
-        seed_everything(self.cfg.train.seed * 1_000_003 + step)
+        # torchrun: ranks sampling without a rollout seed draw from distinct streams (rank 0's is
+        # a 1-rank run's)
+        seed_everything(self.cfg.train.seed * 1_000_003 + step + 1_000_000_007 * self.dist.rank)
 
     def _save_trajectories(self, groups: list[TrajectoryGroup]) -> None:
         from flowgrpo.store import TrajectoryWriter
@@ -589,7 +628,10 @@ class Trainer:
             w.write_groups(groups)
 
     # ------------------------------------------------------------------ checkpoints and signals
-    def save(self) -> Path:
+    def save(self) -> Path | None:
+        """Checkpoint this step (rank 0 alone under torchrun: the others return None)."""
+        if not self.dist.is_main:
+            return None
         # the rollout thread may have drawn ahead: save the position of the last batch trained on
         stream = self._stream_state if self.producer is not None and self._stream_state else None
         extra = {"stream": stream or self.stream.state_dict(), "counters": dict(self.counters)}
@@ -642,8 +684,9 @@ class Trainer:
                 load_reference(self.ckpt_root, data.reference, self.ref_model)
         self.parts.backend.sync_weights(self.model, version=self.step)
         log.info("resumed from %s at step %d", data.path, self.step)
-        rewound = rewind_records(self.out, self.step)  # the steps that re-run are recorded once
-        (log.warning if rewound.moved else log.info)("%s", rewound.describe(self.step))
+        if self.dist.is_main:
+            rewound = rewind_records(self.out, self.step)  # the steps that re-run are recorded once
+            (log.warning if rewound.moved else log.info)("%s", rewound.describe(self.step))
         return True
 
     @contextmanager
@@ -711,11 +754,13 @@ class Trainer:
         hist = warm_start(self.parts)
         if self.ref_model is not None and self.ref_model is not self.model:
             self.ref_model.load_state_dict(self.model.state_dict())
-            write_reference(self.ckpt_root, self.ref_model)  # once; checkpoints point to it
+            if self.dist.is_main:
+                write_reference(self.ckpt_root, self.ref_model)  # once; checkpoints point to it
         self.parts.backend.sync_weights(self.model)
         self.counters["sft_done"] = 1
         for i, h in enumerate(hist):
-            self.metrics.log(0, {f"sft/{k}": v for k, v in h.items()} | {"sft/epoch": i})
+            if self.metrics is not None:
+                self.metrics.log(0, {f"sft/{k}": v for k, v in h.items()} | {"sft/epoch": i})
         return hist
 
 
