@@ -8,8 +8,9 @@ server the ``openai`` backend is tested against. It speaks the vLLM dialect for 
 - ``POST /v1/completions``: ``prompt`` as text, a list of token ids, or a list of either;
   ``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop`` (strings),
   ``stop_token_ids``;
-  with ``logprobs`` (any int >= 0) the choice carries ``logprobs.token_logprobs`` (under the
-  processed distribution, as vLLM's ``logprobs_mode="processed_logprobs"``) and ``logprobs.tokens``
+  with ``logprobs: k`` (0 to 20) the choice carries ``logprobs.token_logprobs`` (under the
+  processed distribution, as vLLM's ``logprobs_mode="processed_logprobs"``), for ``k > 0``
+  ``logprobs.top_logprobs`` (the model's top ``k`` per position, one ``{token: logprob}`` each) and ``logprobs.tokens``
   (``"token_id:N"`` strings when ``return_tokens_as_token_ids`` is true); every choice also
   carries ``token_ids`` (the sampled ids, stop token included).
 - ``POST /v1/chat/completions``: ``messages`` rendered with the model's chat template (text mode,
@@ -121,11 +122,10 @@ class FlowGRPOServer(ThreadingHTTPServer):
     def completions(self, body: dict[str, Any]) -> dict[str, Any]:
         stops = _accepted_stops(body, "completions")
         k_top = body.get("logprobs")
-        if k_top is not None and (not isinstance(k_top, int) or isinstance(k_top, bool) or k_top != 0):
-            raise _BadRequest(
-                "'logprobs' must be 0 here (each sampled token's logprob); top alternatives per token "
-                "are served by /v1/chat/completions with logprobs: true and top_logprobs: k"
-            )
+        if k_top is not None and (
+            not isinstance(k_top, int) or isinstance(k_top, bool) or not 0 <= k_top <= 20
+        ):
+            raise _BadRequest("'logprobs' must be an integer from 0 to 20 (top alternatives per token)")
         prompt = body.get("prompt")
         if prompt is None:
             raise _BadRequest("'prompt' is required (text, a list of token ids, or a list of either)")
@@ -170,6 +170,15 @@ class FlowGRPOServer(ThreadingHTTPServer):
                     else [self.tokenizer.decode([t]) for t in r.token_ids]
                 )
                 choice["logprobs"] = {"tokens": tokens, "token_logprobs": r.logprobs}
+                if k_top:  # the model's own top-k per position (log-softmax of the logits)
+                    from flowgrpo.toplogprobs import top_logprobs_content
+
+                    content = top_logprobs_content(
+                        self.backend.model, self.tokenizer, ids[i], r.token_ids, k_top
+                    )
+                    choice["logprobs"]["top_logprobs"] = [
+                        {alt["token"]: alt["logprob"] for alt in c["top_logprobs"]} for c in content
+                    ]
             choices.append(choice)
         return {
             "id": f"cmpl-{uuid.uuid4().hex[:16]}",
@@ -206,10 +215,12 @@ class FlowGRPOServer(ThreadingHTTPServer):
             }
             for i, (r, text) in enumerate(cut)
         ]
-        k = body.get("top_logprobs")
-        if body.get("logprobs") and k:
-            if not isinstance(k, int) or isinstance(k, bool) or not 0 < k <= 20:
-                raise _BadRequest("'top_logprobs' must be an integer from 1 to 20")
+        k = body.get("top_logprobs") or 0
+        if body.get("top_logprobs") is not None and not body.get("logprobs"):
+            raise _BadRequest("'top_logprobs' needs 'logprobs': true")
+        if body.get("logprobs"):  # each generated token's logprob, with its top k alternatives
+            if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= 20:
+                raise _BadRequest("'top_logprobs' must be an integer from 0 to 20")
             from flowgrpo.toplogprobs import top_logprobs_content
 
             for choice, r in zip(choices, results, strict=True):
@@ -224,7 +235,6 @@ class FlowGRPOServer(ThreadingHTTPServer):
             "choices": choices,
             "usage": _usage(len(ids) * n, sum(len(r.token_ids) for r in results)),
         }
-
 
     def load_weights(self, body: dict[str, Any]) -> dict[str, Any]:
         """Copy the trainer's weights file into the served model and adopt its version."""

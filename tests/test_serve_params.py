@@ -29,7 +29,8 @@ def post(url: str, path: str, **body) -> httpx.Response:
 
 @pytest.mark.parametrize("path", ["chat/completions", "completions"])
 @pytest.mark.parametrize(
-    ("param", "value"), [("stream", True), ("presence_penalty", 0.5), ("logit_bias", {"5": 10}), ("tools", [{}])]
+    ("param", "value"),
+    [("stream", True), ("presence_penalty", 0.5), ("logit_bias", {"5": 10}), ("tools", [{}])],
 )
 def test_an_unimplemented_parameter_is_a_400_naming_it(url, path, param, value):
     body = {"messages": CHAT} if path.startswith("chat") else {"prompt": "What is"}
@@ -61,15 +62,29 @@ def test_stop_strings_cut_the_text_before_the_first_one(url, path):
     full, _ = text(post(url, path, max_tokens=24, temperature=0.0, stop_token_ids=[999999], **body))
     assert len(full) > 6, full  # greedy, no stop: the tiny model's 24 tokens
     stop = full[3:6]
-    cut, choice = text(post(url, path, max_tokens=24, temperature=0.0, stop=[stop], stop_token_ids=[999999], **body))
+    cut, choice = text(
+        post(url, path, max_tokens=24, temperature=0.0, stop=[stop], stop_token_ids=[999999], **body)
+    )
     assert cut == full[: full.find(stop)] and choice["finish_reason"] == "stop"
     if not path.startswith("chat"):
         assert len(choice["token_ids"]) < 24  # the tokens after the stop string are dropped too
 
 
-def test_completions_logprobs_above_zero_are_refused_not_ignored(url):
-    r = post(url, "completions", prompt="What is", max_tokens=2, logprobs=5)
-    assert r.status_code == 400 and "top_logprobs" in r.json()["error"]["message"]
+def test_completions_logprobs_k_returns_the_top_k_per_token(url):
+    r = post(url, "completions", prompt="What is", max_tokens=3, temperature=0.0, logprobs=3)
+    lp = r.json()["choices"][0]["logprobs"]
+    assert len(lp["top_logprobs"]) == len(lp["tokens"]) == 3
+    for token, top in zip(lp["tokens"], lp["top_logprobs"], strict=True):
+        assert len(top) <= 3 and max(top, key=top.get) == token  # greedy: the sampled token is the top one
+    assert post(url, "completions", prompt="x", max_tokens=1, logprobs=99).status_code == 400
+
+
+def test_chat_logprobs_without_top_logprobs_still_gives_each_tokens_logprob(url):
+    c = post(url, "chat/completions", messages=CHAT, max_tokens=2, logprobs=True).json()["choices"][0]
+    content = c["logprobs"]["content"]
+    assert len(content) >= 1 and all(e["top_logprobs"] == [] and e["logprob"] <= 0 for e in content)
+    r = post(url, "chat/completions", messages=CHAT, max_tokens=2, top_logprobs=2)
+    assert r.status_code == 400 and "'logprobs': true" in r.json()["error"]["message"]
 
 
 def test_cut_at_stop_finds_a_stop_string_spanning_tokens():
