@@ -286,7 +286,8 @@ class Trainer:
                 self.stream.load_state_dict(self._stream_state)
         if not (cfg.run.save_every and self.step % cfg.run.save_every == 0) or status == "interrupted":
             self.save()
-        self.idle.summary()
+        if self.dist.is_main:
+            self.idle.summary()
         return {"status": status, "step": self.step, **last}
 
     def train_step(self) -> dict[str, Any]:

@@ -102,7 +102,7 @@ def _even_first_token(traj, task) -> float:
 STEPS = 3
 
 
-def _trainer(out_dir: str) -> Trainer:
+def _trainer(out_dir: str, *overrides: str) -> Trainer:
     model, tok = tiny_model(tiny_tokenizer(), seed=0)
     cfg = load_config(
         None,
@@ -123,6 +123,7 @@ def _trainer(out_dir: str) -> Trainer:
             "train.micro_batch_tokens=64",
             "algorithm.kl_coef=0.01",
             "algorithm.tis=token",
+            *overrides,
         ],
     )
     reward = CompositeReward([RewardSpec(name="even")], fns={"even": _even_first_token})
@@ -134,8 +135,11 @@ def _rank(rank: int, world: int, port: int, out_dir: str, result_dir: str) -> No
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
     )
-    tr = _trainer(out_dir)
-    assert tr.dist.world_size == world and tr.dist.rank == rank
+    first = _trainer(out_dir)
+    assert first.dist.world_size == world and first.dist.rank == rank
+    first.train(until_step=STEPS - 1)  # rank 0 checkpoints step 2; every rank resumes from it
+    tr = _trainer(out_dir, "run.resume=true")
+    assert tr.step == STEPS - 1
     tr.train()
     torch.save({k: v.detach().clone() for k, v in tr.model.state_dict().items()}, f"{result_dir}/rank{rank}.pt")
     torch.distributed.destroy_process_group()
@@ -147,8 +151,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_gloo_ranks_end_with_the_parameters_of_one_rank(tmp_path):
-    """Tolerance: atol 1e-6, while 3 steps move the parameters by up to ~3e-5 (checked below).
+def test_two_gloo_ranks_end_with_the_parameters_of_one_rank_also_across_a_resume(tmp_path):
+    """The 2-rank run stops after step 2 and resumes (every rank from rank 0's checkpoint); the
+    1-rank run goes straight through.
+
+    Tolerance: atol 1e-6, while 3 steps move the parameters by up to ~3e-5 (checked below).
     Both runs sample the same episodes (per-episode seeds; checked: same rewards and tokens) and
     normalise the loss over the same global batch, so the summed gradients agree up to fp32
     rounding: a rank's micro-batches hold other rows (other padding, other rounding in the forward)
