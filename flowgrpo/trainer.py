@@ -24,7 +24,8 @@ What it leaves out, and why: no value model (group baselines replace it, as in G
 resampling of zero-variance groups (it makes the step's cost unpredictable on CPU); the sampler's
 logprobs are the "old" policy (the ``hf`` backend shares this model, so they agree up to numerics;
 ``algorithm.tis`` recomputes them and corrects the gap with truncated importance sampling, which a
-served policy needs); no distributed training here (torchrun/DDP wraps the same step).
+served policy needs). Under ``torchrun`` the same step runs data-parallel: each rank rolls out a
+shard of the tasks and trains its own rows of the gathered batch (:mod:`flowgrpo.distributed`).
 
 Reproducibility: every step reseeds python/numpy/torch from ``(seed, step)`` before sampling, and a
 checkpoint holds model, optimizer, scheduler, RNG states, the step and the task-stream position, so
