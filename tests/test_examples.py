@@ -203,3 +203,7 @@ def test_gsm8k_quality_recipe_asks_the_served_judge(tmp_path, judge_server):
     trajs = read_trajectories(tmp_path / "trajectories" / "step_000001.jsonl")
     assert all(t.excluded.startswith("reward:judge: judge: reply has no score") for t in trajs)
     assert all(set(t.reward_breakdown) == {"accuracy", "format"} for t in trajs)  # the parts that scored
+    from benchmarks.judge_rubric import main as judge_rubric
+
+    out = judge_rubric([str(tmp_path / "trajectories" / "step_000001.jsonl"), "--n", "4", "--judge", "tiny"])
+    assert (out["n"], out["scored"], out["right_answers"]) == (4, 0, 0)
