@@ -182,9 +182,7 @@ def check_supported(config: Any, ctx: DistContext) -> None:
     if config.rollout.backend == "openai" and config.rollout.server.weight_sync_dir:
         problems.append("rollout.server.weight_sync_dir (every rank would push weights to the server)")
     if problems:
-        raise ValueError(
-            f"not supported with {ctx.world_size} ranks under torchrun: " + "; ".join(problems)
-        )
+        raise ValueError(f"not supported with {ctx.world_size} ranks under torchrun: " + "; ".join(problems))
 
 
 __all__ = [

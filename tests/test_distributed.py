@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -12,7 +14,7 @@ import torch.multiprocessing as mp
 
 from flowgrpo.batching import Row, micro_batches
 from flowgrpo.config import load_config
-from flowgrpo.distributed import DistContext, shard
+from flowgrpo.distributed import DistContext, check_supported, shard
 from flowgrpo.env import BaseEnvironment, StepResult
 from flowgrpo.models import tiny_model, tiny_tokenizer
 from flowgrpo.rewards import CompositeReward, RewardSpec
@@ -66,6 +68,13 @@ def test_a_ranks_weights_are_normalised_over_the_whole_batch(agg, expected):
 def test_a_single_process_is_not_distributed():
     ctx = DistContext()
     assert not ctx.enabled and ctx.is_main
+    check_supported(load_config(None, ["train.async_staleness=1", "algorithm.tis=token"]), ctx)
+
+
+def test_options_without_a_data_parallel_form_are_refused_with_what_to_change():
+    cfg = load_config(None, ["train.async_staleness=1", "algorithm.tis=token", "algorithm.entropy_top_q=0.2"])
+    with pytest.raises(ValueError, match=r"2 ranks.*async_staleness=0.*entropy_top_q"):
+        check_supported(cfg, DistContext(rank=1, world_size=2))
 
 
 # ------------------------------------------------------------------ 2 ranks vs 1 rank, end to end
@@ -132,16 +141,16 @@ def _trainer(out_dir: str, *overrides: str) -> Trainer:
 
 def _rank(rank: int, world: int, port: int, out_dir: str, result_dir: str) -> None:
     torch.set_num_threads(1)
-    os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
-    )
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     first = _trainer(out_dir)
     assert first.dist.world_size == world and first.dist.rank == rank
     first.train(until_step=STEPS - 1)  # rank 0 checkpoints step 2; every rank resumes from it
     tr = _trainer(out_dir, "run.resume=true")
     assert tr.step == STEPS - 1
     tr.train()
-    torch.save({k: v.detach().clone() for k, v in tr.model.state_dict().items()}, f"{result_dir}/rank{rank}.pt")
+    torch.save(
+        {k: v.detach().clone() for k, v in tr.model.state_dict().items()}, f"{result_dir}/rank{rank}.pt"
+    )
     torch.distributed.destroy_process_group()
 
 
@@ -174,9 +183,11 @@ def test_two_gloo_ranks_end_with_the_parameters_of_one_rank_also_across_a_resume
     mp.spawn(_rank, args=(2, _free_port(), str(tmp_path / "two"), str(tmp_path)), nprocs=2, join=True)
     got0 = torch.load(tmp_path / "rank0.pt")
     got1 = torch.load(tmp_path / "rank1.pt")
-    for k, v in expected.items():
+    for k in expected:
         assert torch.equal(got0[k], got1[k]), f"ranks disagree on {k}"
-        assert torch.allclose(got0[k], v, rtol=0, atol=1e-6), (k, float((got0[k] - v).abs().max()))
+    worst = max(float((got0[k] - v).abs().max()) for k, v in expected.items())
+    print(f"largest parameter difference, 2 ranks vs 1: {worst:.3g}")
+    assert worst <= 1e-6, worst
     # the parameters moved: the comparison is not of two untouched models
     initial, _ = tiny_model(tiny_tokenizer(), seed=0)
     moved = max(float((p - expected[k]).abs().max()) for k, p in initial.state_dict().items())
@@ -191,3 +202,34 @@ def test_two_gloo_ranks_end_with_the_parameters_of_one_rank_also_across_a_resume
     trajs = read_trajectories(tmp_path / "two" / "trajectories" / "step_000001.jsonl")
     assert len(trajs) == 5 * 4
     assert (tmp_path / "two" / "checkpoints").is_dir()
+
+
+@pytest.mark.slow
+def test_the_torchrun_launch_trains_with_rank_0_writing(tmp_path):
+    """``torchrun --nproc_per_node 2 -m flowgrpo train``: the command users run, gloo on CPU."""
+    (tmp_path / "cfg.yaml").write_text("model:\n  name: tiny\n")
+    settings = [
+        "model.autocast=null",
+        "env.name=arithmetic",
+        "train.steps=3",
+        "train.tasks_per_step=3",
+        "train.group_size=4",
+        "rollout.max_turns=2",
+        "rollout.max_new_tokens=16",
+        "run.save_every=2",
+        "run.progress=false",
+        f"run.output_dir={tmp_path / 'run'}",
+    ]
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "flowgrpo"]
+    argv += ["train", str(tmp_path / "cfg.yaml"), "--eval-n", "2", "--untrained-n", "2", "--no-report"]
+    for s in settings:
+        argv += ["--set", s]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = RunDir(tmp_path / "run")
+    steps = [m.step for m in run.metrics() if "reward_mean" in m.values]
+    assert steps == [1, 2, 3]  # one record per step: rank 1 writes none
+    assert len(read_trajectories(tmp_path / "run" / "trajectories" / "step_000003.jsonl")) == 3 * 4
+    assert (tmp_path / "run" / "checkpoints" / "step_000003").is_dir()
+    assert proc.stdout.count("evaluating the untrained policy") == 1  # rank 0 evaluates
