@@ -15,10 +15,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from flowgrpo.agentflow.config import AgentConfig
 from flowgrpo.curriculum import CurriculumConfig
 from flowgrpo.foreign_names import key_hint, value_hint
 from flowgrpo.lora import LoraSpec
-from flowgrpo.agentflow.config import AgentConfig
 from flowgrpo.rewards import RewardSpec
 from flowgrpo.rollout import RolloutConfig
 from flowgrpo.types import Termination
@@ -454,6 +454,18 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
         return TrainConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_explain(e)) from None
+
+
+def upgrade_saved_config(data: dict[str, Any]) -> list[str]:
+    """Rewrite, in place, the keys a run's saved ``config.yaml`` used before they were renamed, so
+    that replay, report and eval keep working on older runs; returns what was rewritten. (A config
+    a user writes gets an error that names the new key instead.)"""
+    changed = []
+    run = data.get("run")
+    if isinstance(run, dict) and "tensorboard" in run:
+        run.setdefault("log_to", ["jsonl", "tensorboard"] if run.pop("tensorboard") else ["jsonl"])
+        changed.append("run.tensorboard -> run.log_to")
+    return changed
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:

@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from flowgrpo.config import ConfigError, TrainConfig, apply_overrides, config_from_dict, load_config
+from flowgrpo.config import ConfigError, TrainConfig, apply_overrides, config_from_dict, upgrade_saved_config
 from flowgrpo.evaluation import EvalResult
 from flowgrpo.store import StoreError, iter_jsonl, iter_trajectories
 from flowgrpo.types import Trajectory
@@ -114,8 +115,13 @@ class RunDir:
                     "pass a run directory the trainer wrote, or a config file"
                 )
             try:
-                cfg = load_config(self.config_path)
-            except ConfigError as e:
+                data = yaml.safe_load(self.config_path.read_text())
+                if not isinstance(data, dict):
+                    raise ConfigError("config.yaml does not hold a mapping of sections")
+                for change in upgrade_saved_config(data):
+                    log.info("%s: read with today's keys (%s)", self.config_path, change)
+                cfg = config_from_dict(data)
+            except (ConfigError, yaml.YAMLError) as e:
                 raise RunError(
                     f"{self.config_path} does not validate against this flowgrpo's TrainConfig "
                     f"(a run written by another version?): {e}"

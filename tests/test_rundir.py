@@ -19,7 +19,7 @@ import yaml
 
 from flowgrpo.checkpoint import save_checkpoint
 from flowgrpo.cli import main
-from flowgrpo.config import ConfigError, TrainConfig, dump_config
+from flowgrpo.config import ConfigError, TrainConfig, config_from_dict, dump_config
 from flowgrpo.evaluation import EvalResult, record_evaluation
 from flowgrpo.metrics import MetricsLogger
 from flowgrpo.rundir import CheckpointRef, MetricRecord, RunDir, RunError
@@ -293,6 +293,20 @@ def test_a_config_of_another_version_names_the_wrong_key(written, capsys):
     with pytest.raises(SystemExit) as ex:
         main(["eval", str(written)])
     assert ex.value.code == 2 and "did you mean 'model.name'" in capsys.readouterr().err
+
+
+def test_a_saved_config_with_a_renamed_key_is_read_with_todays_keys(written):
+    """Runs written before run.tensorboard became run.log_to still replay, report and evaluate."""
+    path = written / "config.yaml"
+    for old, want in ((True, ["jsonl", "tensorboard"]), (False, ["jsonl"])):
+        data = yaml.safe_load(path.read_text())
+        data["run"].pop("log_to", None)
+        data["run"]["tensorboard"] = old
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        assert RunDir(written).config().run.log_to == want
+    # a config a user writes with the old key is still refused with the new key named
+    with pytest.raises(ConfigError, match=r"run\.log_to"):
+        config_from_dict({"run": {"tensorboard": True}})
 
 
 def test_not_a_run_directory(tmp_path):
