@@ -357,9 +357,18 @@ class LangChainTool:
 
     def __init__(self, base_tool: Any, *, timeout_s: float | None = None) -> None:
         self.base_tool = base_tool
+        from langchain_core.tools import BaseTool, StructuredTool
+
         self.name: str = base_tool.name
         self.description: str = base_tool.description or ""
         self.timeout_s = timeout_s
+        # A tool with an async implementation is awaited; a sync one runs in a thread nothing joins,
+        # so a call abandoned at its timeout never holds the event loop's shutdown.
+        self.native_async = (
+            base_tool.coroutine is not None
+            if isinstance(base_tool, StructuredTool)
+            else type(base_tool)._arun is not BaseTool._arun
+        )
         schema = base_tool.args_schema
         if isinstance(schema, type) and issubclass(schema, BaseModel):
             self.args_schema: type[BaseModel] = schema
@@ -380,7 +389,10 @@ class LangChainTool:
         payload = args.model_dump(exclude_unset=True)
         call = {"name": self.name, "args": payload, "id": "flowgrpo", "type": "tool_call"}
         try:
-            msg = await self.base_tool.ainvoke(call)
+            if self.native_async:
+                msg = await self.base_tool.ainvoke(call)
+            else:  # langchain would run it in the loop's executor, which asyncio.run waits for
+                msg = await run_in_thread(self.base_tool.invoke, call)
         except ToolException as e:
             raise ToolError(str(e)) from e
         content = msg.content if isinstance(msg.content, str) else json.dumps(msg.content, ensure_ascii=False)

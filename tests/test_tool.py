@@ -339,3 +339,42 @@ def test_a_hung_sync_tool_is_abandoned_at_its_timeout():
         ("forever", "Error: forever timed out after 0.5 s"),
         ("sleeps_40s", "Error: sleeps_40s timed out after 2 s"),
     ]
+
+
+_HUNG_LANGCHAIN_SCRIPT = """
+import asyncio, threading, time
+from langchain_core.tools import tool as lc_tool
+from flowgrpo.tool import ToolCall, execute_tool_calls, from_langchain
+
+@lc_tool
+def forever() -> str:
+    '''Never returns.'''
+    threading.Event().wait()
+
+@lc_tool
+async def answers() -> str:
+    '''An async LangChain tool: awaited natively.'''
+    return "42"
+
+hung, native = from_langchain(forever, timeout_s=0.5), from_langchain(answers)
+assert not hung.native_async and native.native_async
+for name in ("forever", "answers"):
+    t0 = time.monotonic()
+    msgs = asyncio.run(execute_tool_calls([hung, native], [ToolCall(name=name, arguments={})]))
+    print(name, round(time.monotonic() - t0, 1), msgs[0].content, flush=True)
+"""
+
+
+def test_a_hung_sync_langchain_tool_is_abandoned_at_its_timeout():
+    """A sync LangChain tool runs in a thread nothing joins (langchain's own ainvoke would use the
+    loop's executor, which asyncio.run waits for: the process would never exit)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _HUNG_LANGCHAIN_SCRIPT], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = [ln.split(" ", 2) for ln in r.stdout.splitlines()]
+    assert [(name, msg) for name, _, msg in lines] == [
+        ("forever", "Error: forever timed out after 0.5 s"),
+        ("answers", "42"),
+    ]
