@@ -58,6 +58,8 @@ def _serve(conn: Any, memory_mb: int | None) -> None:
             reply = (False, e)
         try:
             conn.send(reply)
+        except OSError:  # the parent is gone (it exited, or killed this call's wait)
+            return
         except Exception as e:  # an unpicklable result or exception: say so in words
             conn.send((False, RuntimeError(f"{type(reply[1]).__name__}: {reply[1]} ({e})")))
 
@@ -72,7 +74,10 @@ def _worker_main(fd: int, memory_mb: int) -> None:
     import sympy  # noqa: F401 - loaded once per worker, not on the first call
 
     conn = Connection(socket.socket(fileno=fd).detach())
-    conn.send("ready")  # start-up (seconds on a loaded machine) is not charged to the first call
+    try:
+        conn.send("ready")  # start-up (seconds on a loaded machine) is not charged to the first call
+    except OSError:  # the parent exited while this worker was starting: nothing to serve
+        return
     _serve(conn, memory_mb or None)
 
 
