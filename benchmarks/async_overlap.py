@@ -26,10 +26,9 @@ import threading
 import time
 from pathlib import Path
 
+from benchmarks.learning import run_eval, warm_start
 from flowgrpo.config import load_config
 from flowgrpo.trainer import Trainer
-
-from benchmarks.learning import run_eval, warm_start
 
 
 def arm(args: argparse.Namespace, staleness: int) -> dict[str, float]:

@@ -226,9 +226,7 @@ def save_checkpoint(
     if keep_last:
         for old in list_checkpoints(root)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
-    log.info(
-        "saved checkpoint %s (%.0f MB, %.1f s)", final, _dir_size(final) / 1e6, time.monotonic() - t0
-    )
+    log.info("saved checkpoint %s (%.0f MB, %.1f s)", final, _dir_size(final) / 1e6, time.monotonic() - t0)
     return final
 
 

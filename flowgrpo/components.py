@@ -140,7 +140,6 @@ def check_env_name(name: str) -> None:
     is not one of them."""
     from flowgrpo.config import ConfigError
     from flowgrpo.env import list_envs
-
     from flowgrpo.plugins import is_spec
 
     known = list_envs()

@@ -67,10 +67,10 @@ def rollout_stats(groups: Sequence[TrajectoryGroup], parser: Any = None) -> dict
         "zero_variance_groups": float(sum(1 for g in groups if g.trajectories and _zero_variance(g))),
         "episodes_excluded": float(sum(t.excluded is not None for t in trajs)),
     }
-    rate = valid_tool_call_rate(trajs, parser)
     # Per source of exclusion: "termination:error" counts under excluded/termination.
     for k, v in Counter(t.excluded.split(":", 1)[0] for t in trajs if t.excluded is not None).items():
         out[f"excluded/{k}"] = float(v)
+    rate = valid_tool_call_rate(trajs, parser)
     if rate is not None:
         out["valid_tool_call_rate"] = rate
     for k, v in Counter(t.termination.value for t in trajs).items():

@@ -105,4 +105,11 @@ def cut_at_stop(token_ids: Sequence[int], decode: Any, stops: Sequence[str]) -> 
     return len(token_ids), full[:first]
 
 
-__all__ = ["IMPLEMENTED", "NEUTRAL", "cut_at_stop", "stop_strings", "unsupported_message", "unsupported_params"]
+__all__ = [
+    "IMPLEMENTED",
+    "NEUTRAL",
+    "cut_at_stop",
+    "stop_strings",
+    "unsupported_message",
+    "unsupported_params",
+]

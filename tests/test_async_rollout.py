@@ -28,7 +28,7 @@ def one_thread():
 
 
 def test_async_needs_the_importance_sampling_correction():
-    with pytest.raises(ConfigError, match="algorithm.tis=token"):
+    with pytest.raises(ConfigError, match=r"algorithm\.tis=token"):
         load_config(None, ["train.async_staleness=1"])
     assert load_config(None, ["train.async_staleness=2", "algorithm.tis=token"]).train.async_staleness == 2
     assert load_config(None, []).train.async_staleness == 0

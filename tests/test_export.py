@@ -42,8 +42,10 @@ def test_export_loads_in_transformers_with_the_same_logprobs_and_template(traine
 def test_an_older_step_exports_its_own_weights(trained, tmp_path):
     a = load_served_policy(str(trained.out), step=1)[0]
     b = load_served_policy(str(trained.out))[0]  # the latest: step 2
-    assert any(not torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
-    assert all(torch.equal(x, y) for x, y in zip(b.state_dict().values(), trained.model.state_dict().values()))
+    assert any(not torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+    assert all(
+        torch.equal(x, y) for x, y in zip(b.state_dict().values(), trained.model.state_dict().values(), strict=True)
+    )
 
 
 def test_cli_export_then_eval_the_exported_directory(trained, tmp_path, capsys):

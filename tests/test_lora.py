@@ -7,8 +7,8 @@ import pytest
 import torch
 from test_trainer import EXACT, make_trainer, params
 
-from flowgrpo.logprobs import action_logprobs
 from flowgrpo.checkpoint import POLICY_FILE, CheckpointError, load_policy_state, policy_state_dict
+from flowgrpo.logprobs import action_logprobs
 from flowgrpo.lora import LoraSpec, apply_lora, is_lora, merged_model, reference_mode
 from flowgrpo.models import tiny_model
 
@@ -89,7 +89,7 @@ def test_policy_state_of_a_lora_model_is_its_adapters(tmp_path):
     )
     with pytest.raises(CheckpointError, match="adapters only"):
         load_policy_state(tiny_model(seed=0)[0], state, source=tmp_path)
-    with pytest.raises(CheckpointError, match="same model.lora"):
+    with pytest.raises(CheckpointError, match=r"same model\.lora"):
         other = apply_lora(tiny_model(seed=0)[0], LoraSpec(r=2, target_modules=["v_proj"]))
         load_policy_state(other, state, source=tmp_path)
     with pytest.raises(ValueError, match="matches no layer"):
