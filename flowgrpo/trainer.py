@@ -700,10 +700,13 @@ class Trainer:
         finish (``epochs_per_batch * minibatches_per_batch``, one by default). A second signal exits
         at once (status 128 + signal number) without a checkpoint or a traceback."""
 
+        def exit_now(signum, frame):
+            os.write(2, f"flowgrpo: second signal {signum}: exiting without a checkpoint\n".encode())
+            os._exit(128 + signum)
+
         def handler(signum, frame):
             if self._stop_signal is not None:  # the second signal: leave now, without a trace
-                os.write(2, f"flowgrpo: second signal {signum}: exiting without a checkpoint\n".encode())
-                os._exit(128 + signum)
+                exit_now(signum, frame)
             self._stop_signal = signum
             interrupt.request_stop()
 
@@ -719,7 +722,10 @@ class Trainer:
         finally:
             interrupt.clear()
             for s, h in old.items():
-                signal.signal(s, h)
+                # After a stop, a second signal while the caller winds down (report, exit) still
+                # exits at once and says so; a handler of the caller's own is put back as it was.
+                stopping = self._stop_signal is not None and h in (signal.SIG_DFL, signal.default_int_handler)
+                signal.signal(s, exit_now if stopping else h)
 
     # ------------------------------------------------------------------ evaluation and warm start
     def evaluate(
