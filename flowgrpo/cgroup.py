@@ -224,7 +224,8 @@ class CallCgroup:
             threading.Thread(target=self.remove, kwargs={"wait_s": 10.0}, daemon=True).start()
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one we may not signal counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -244,7 +245,7 @@ def remove_stale(parents: CgroupParents) -> int:
             continue
         for name in names:
             m = _STALE.match(name)
-            if not m or _alive(int(m.group(1))):
+            if not m or pid_alive(int(m.group(1))):
                 continue
             d = os.path.join(parent, name)
             for _ in range(100):
@@ -267,4 +268,4 @@ def remove_stale(parents: CgroupParents) -> int:
     return removed
 
 
-__all__ = ["PREFIX", "CallCgroup", "CgroupParents", "find_parents", "remove_stale"]
+__all__ = ["PREFIX", "CallCgroup", "CgroupParents", "find_parents", "pid_alive", "remove_stale"]

@@ -601,16 +601,6 @@ def _owned(pid: str) -> bool:
         return False
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_stale(tmpdir: str | None = None) -> int:
     """Remove ``flowgrpo-sandbox-<pid>-*`` directories and cgroups whose creator is dead.
 
@@ -622,7 +612,7 @@ def remove_stale(tmpdir: str | None = None) -> int:
     with contextlib.suppress(OSError):
         for name in os.listdir(tmpdir):
             m = pattern.match(name)
-            if m and not _alive(int(m.group(1))):
+            if m and not cgroup.pid_alive(int(m.group(1))):
                 shutil.rmtree(os.path.join(tmpdir, name), ignore_errors=True)
                 removed += not os.path.exists(os.path.join(tmpdir, name))
     parents = cgroup.find_parents()
