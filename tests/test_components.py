@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from test_trainer import FirstTokenEnv, first_token_reward
 
 from flowgrpo.backends.base import RolloutBackend
 from flowgrpo.backends.hf import HFBackend
@@ -17,47 +18,17 @@ from flowgrpo.backends.openai import OpenAIBackend
 from flowgrpo.backends.vllm import VLLMUnavailableError
 from flowgrpo.components import Components, build
 from flowgrpo.config import ConfigError, load_config
-from flowgrpo.env import BaseEnvironment, Environment, StepResult
+from flowgrpo.env import Environment
 from flowgrpo.models import tiny_model, tiny_tokenizer
 from flowgrpo.pipeline import evaluate_run
 from flowgrpo.rewards import CompositeReward, RewardSpec
 from flowgrpo.rundir import RunDir
 from flowgrpo.serve import make_server, serve_in_thread
 from flowgrpo.trainer import Trainer
-from flowgrpo.types import Message, ParsedAction, Task
-
-
-class PlainParser:
-    def parse(self, text: str) -> ParsedAction:
-        return ParsedAction(message=Message(role="assistant", content=text), answer=text)
-
-    def format_instructions(self, tools) -> str:
-        return ""
-
-
-class OneTurnEnv(BaseEnvironment):
-    name = "one_turn"
-    parser = PlainParser()
-    system_prompt = "Say something."
-
-    async def reset(self, task: Task) -> list[Message]:
-        return [Message(role="system", content=self.system_prompt), Message(role="user", content=task.prompt)]
-
-    async def step(self, action: ParsedAction) -> StepResult:
-        return StepResult(terminated=True)
-
-    def tasks(self, split: str) -> list[Task]:
-        n = 8 if split == "train" else 4
-        return [Task(id=f"{split}-{i}", prompt=f"task {i}") for i in range(n)]
-
-
-def first_token_reward(traj, task) -> float:
-    ids = traj.turns[0].action_ids if traj.turns else []
-    return 1.0 if ids and ids[0] % 4 == 0 else 0.0
 
 
 def reward() -> CompositeReward:
-    return CompositeReward([RewardSpec(name="first_token")], fns={"first_token": first_token_reward})
+    return CompositeReward([RewardSpec(name="first_token")], fns={"first_token": first_token_reward(0)})
 
 
 def config(tmp_path, *overrides: str):
@@ -103,7 +74,7 @@ def test_backend_choice_and_its_errors(tmp_path):
         config(tmp_path, "rollout.backend=vlm")
     parts = build(
         config(tmp_path, "rollout.backend=openai", "rollout.server.base_url=http://127.0.0.1:9/v1"),
-        env_factory=OneTurnEnv,
+        env_factory=FirstTokenEnv,
         reward=reward(),
     )
     assert isinstance(parts.backend, OpenAIBackend)
@@ -112,7 +83,7 @@ def test_backend_choice_and_its_errors(tmp_path):
         import vllm  # noqa: F401
     except ImportError:
         with pytest.raises(VLLMUnavailableError, match="flowgrpo\\[vllm\\]"):
-            build(config(tmp_path, "rollout.backend=vllm"), env_factory=OneTurnEnv, reward=reward())
+            build(config(tmp_path, "rollout.backend=vllm"), env_factory=FirstTokenEnv, reward=reward())
 
 
 @pytest.fixture
@@ -135,7 +106,7 @@ def test_openai_backend_trains_and_evaluates_end_to_end(tmp_path, served, caplog
         "train.steps=2",
         "algorithm.tis=token",
     )
-    tr = Trainer(cfg, env_factory=OneTurnEnv, reward=reward())
+    tr = Trainer(cfg, env_factory=FirstTokenEnv, reward=reward())
     assert isinstance(tr.parts.backend, OpenAIBackend)
     before = {k: v.clone() for k, v in tr.model.state_dict().items()}
     with caplog.at_level(logging.WARNING, logger="flowgrpo.backends.openai"):
@@ -184,7 +155,7 @@ def test_served_policy_receives_the_trainers_weights_and_reports_its_version(tmp
         "train.drop_zero_variance_groups=false",  # an update (and a push) every step
         "algorithm.tis=token",
     )
-    tr = Trainer(cfg, env_factory=OneTurnEnv, reward=reward())
+    tr = Trainer(cfg, env_factory=FirstTokenEnv, reward=reward())
     with caplog.at_level(logging.WARNING, logger="flowgrpo.backends.openai"):
         tr.train()
     assert "keeps its own weights" not in caplog.text
