@@ -526,7 +526,10 @@ def _recording_version(act: Actor, traj: Trajectory) -> Actor:
     return recorded
 
 
-def _text_actor(policy: TextPolicy) -> Callable[[ChatFormat], Actor]:
+def text_actor(policy: TextPolicy) -> Callable[[ChatFormat], Actor]:
+    """An :data:`Actor` factory for a text policy: its text is tokenized as ``encode(text) +
+    [end-of-turn]`` (cut at the limit), with logprobs 0.0."""
+
     def make(chat: ChatFormat) -> Actor:
         eot = chat.end_of_turn_ids[0] if chat.end_of_turn_ids else None
 
@@ -552,15 +555,17 @@ async def rollout_text_policy(
     group_size: int = 1,
     *,
     policy_version: int = 0,
+    agent: EpisodeAgent | None = None,
 ) -> list[TrajectoryGroup]:
     """Run a text policy through the rollout loop: trajectories with exact token ids, logprobs 0.0.
 
     ``policy`` is an object with ``async act(messages) -> str``, a callable ``env -> policy`` (a
     fresh policy per episode, e.g. ``lambda env: env.oracle()``), or None for each environment's
     own ``env.oracle()``. Actions are tokenized as ``encode(text) + [end-of-turn]``: exactly what the
-    model would have to sample to produce that text and stop.
+    model would have to sample to produce that text and stop. ``agent`` runs each episode instead
+    of the tool loop (e.g. :class:`flowgrpo.agentflow.oracle.FlowOracleAgent`).
     """
-    engine = RolloutEngine(None, tokenizer, config)
+    engine = RolloutEngine(None, tokenizer, config, agent=agent)
 
     async def run_one(task: Task, group_id: str) -> Trajectory:
         holder: dict[str, Environment] = {}
@@ -583,7 +588,7 @@ async def rollout_text_policy(
                 p = policy(env)
             else:
                 raise TypeError("policy must have `async act(messages)` or be a callable env -> policy")
-            return _text_actor(p)(chat)
+            return text_actor(p)(chat)
 
         return await engine._episode(f, task, group_id, policy_version, make_actor, None)
 
@@ -599,4 +604,13 @@ def run_text_policy(*args: Any, **kwargs: Any) -> list[TrajectoryGroup]:
     return asyncio.run(rollout_text_policy(*args, **kwargs))
 
 
-__all__ = ["Actor", "EpisodeAgent", "RolloutConfig", "RolloutEngine", "TextPolicy", "rollout_text_policy", "run_text_policy"]
+__all__ = [
+    "Actor",
+    "EpisodeAgent",
+    "RolloutConfig",
+    "RolloutEngine",
+    "TextPolicy",
+    "rollout_text_policy",
+    "run_text_policy",
+    "text_actor",
+]

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from flowgrpo.agentflow.oracle import FlowOracleAgent, module_demonstrations
 from flowgrpo.batching import Row, build_rows, micro_batches
 from flowgrpo.components import Components
 from flowgrpo.logprobs import action_logprobs
@@ -39,13 +40,24 @@ def demonstrations(
     parts: Components, n_tasks: int, policy: TextPolicy | None = None, *, offset: int = 0
 ) -> list[Trajectory]:
     """Episodes of ``policy`` (default: each environment's oracle) on train tasks ``offset ..
-    offset + n_tasks``: ordinary trajectories with exact token ids, scored by the run's reward."""
+    offset + n_tasks``: ordinary trajectories with exact token ids, scored by the run's reward.
+    With ``agent.kind: flow`` and no ``policy``, the oracle scripts flow episodes (planner turns;
+    the modules' replies are in each turn's metadata, see :func:`module_rows`)."""
+    cfg = parts.config
     tasks = parts.tasks("train")[offset : offset + n_tasks]
+    agent = (
+        FlowOracleAgent(cfg.agent, parts.tokenizer) if cfg.agent.kind == "flow" and policy is None else None
+    )
     groups = []
     with _bar(parts, len(tasks), "sft demonstrations", "episode") as bar:
         for i in range(0, len(tasks), DEMO_CHUNK):  # chunks: a progress bar that moves
             groups += run_text_policy(
-                parts.env_factory, tasks[i : i + DEMO_CHUNK], policy, parts.tokenizer, parts.config.rollout
+                parts.env_factory,
+                tasks[i : i + DEMO_CHUNK],
+                policy,
+                parts.tokenizer,
+                cfg.rollout,
+                agent=agent,
             )
             bar.update(len(tasks[i : i + DEMO_CHUNK]))
     parts.reward.score_groups(groups)
@@ -142,13 +154,28 @@ def supervised_epochs(
     return hist
 
 
+def module_rows(parts: Components, demos: Sequence[Trajectory]) -> list[Trajectory]:
+    """With ``agent.kind: flow``: the replies of the frozen modules that *are* the policy
+    (``source: policy``) in flow ``demos``, as trajectories of their own, so the warm start teaches
+    the shared weights every role they play; modules on another model are not the policy's to learn.
+    Empty for the tool agent."""
+    agent = parts.config.agent
+    if agent.kind != "flow":
+        return []
+    served = {"executor": agent.executor, "verifier": agent.verifier, "generator": agent.generator}
+    mine = [name for name, module in served.items() if module.source == "policy"]
+    return module_demonstrations(demos, agent, parts.tokenizer, modules=mine)
+
+
 def warm_start(parts: Components) -> list[dict[str, float]]:
-    """The config's ``sft`` section: demonstrations -> (successful ones) -> supervised epochs."""
+    """The config's ``sft`` section: demonstrations (and, for the flow agent, its policy-served
+    modules' replies) -> (successful ones) -> supervised epochs."""
     s = parts.config.sft
     demos = demonstrations(parts, s.tasks)
+    demos += module_rows(parts, demos)
     if s.only_successful:
         demos = successful(demos)
     return supervised_epochs(parts, demos, epochs=s.epochs, lr=s.lr, batch_trajectories=s.batch_trajectories)
 
 
-__all__ = ["WarmStartError", "demonstrations", "successful", "supervised_epochs", "warm_start"]
+__all__ = ["WarmStartError", "demonstrations", "module_rows", "successful", "supervised_epochs", "warm_start"]

@@ -294,3 +294,52 @@ def test_embedded_model_flow_rl_step(tmp_path, env_name):
     assert m["train_tokens"] == sum(len(turn.action_ids) for t in trajs for turn in t.turns)
     text = format_trajectory(trajs[0], trainer.tokenizer)
     assert "[planner output]" in text and "[memory after this step]" in text and "[generator output]" in text
+
+
+@pytest.mark.parametrize("env_name", ["arithmetic", "multihop"])
+def test_oracle_demonstrates_the_flow_format(env_name):
+    """The warm start of the flow agent: the environment's oracle scripts every module of real flow
+    episodes; planner turns are exact-token trajectories, the policy-served modules' replies become
+    one-turn trajectories whose prompts end with the module's prefix."""
+    from flowgrpo import components, sft
+
+    cfg = load_config(
+        None,
+        [
+            "model.name=tiny",
+            f"env.name={env_name}",
+            "agent.kind=flow",
+            "agent.generator.source=reference",  # not the policy: its replies are not the policy's to learn
+            "rollout.max_new_tokens=64",
+            "run.progress=false",
+        ],
+    )
+    parts = components.build(cfg)
+    demos = sft.demonstrations(parts, 6)
+    tok = parts.tokenizer
+    assert [t.reward for t in demos] == [1.0] * 6  # the oracle's answers are right
+    for t in demos:
+        assert t.termination == Termination.verifier_stop
+        verdicts = [turn.metadata["flow"]["verifier"]["verdict"] for turn in t.turns]
+        assert verdicts == ["CONTINUE"] * (len(t.turns) - 1) + ["STOP"]  # stop once the answer is found
+        for turn in t.turns:
+            assert turn.resets_context and turn.action_ids[-1] in ChatFormat(tok).end_of_turn_ids
+            tools = [x.name for x in parts.probe_env.tools]
+            goal, tool = parse_plan(Prompts().planner_prefix + tok.decode(turn.action_ids[:-1]), tools)
+            assert goal and tool == tools[0]
+        assert t.metadata["flow"]["answer"] is not None
+    if env_name == "multihop":  # chains of 1 to 3 hops: one search each
+        assert {len(t.turns) for t in demos} > {1}
+    rows = sft.module_rows(parts, demos)
+    turns = sum(len(t.turns) for t in demos)
+    assert [r.metadata["module"] for r in rows].count("executor") == turns
+    assert [r.metadata["module"] for r in rows].count("verifier") == turns
+    assert "generator" not in {r.metadata["module"] for r in rows}
+    for r in rows:
+        [turn] = r.turns
+        prefix = Prompts().executor_prefix if r.metadata["module"] == "executor" else Prompts().verifier_prefix
+        assert tok.decode(turn.prompt_ids).endswith("assistant\n" + prefix)
+        assert prefix + tok.decode(turn.action_ids[:-1]) == turn.action.content
+    assert rows[1].turns[0].action.content in ("Conclusion: STOP", "Conclusion: CONTINUE")
+    hist = sft.supervised_epochs(parts, sft.successful(demos + rows), epochs=1)
+    assert hist[0]["tokens"] == sum(len(turn.action_ids) for t in demos + rows for turn in t.turns)
