@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import resource
 import shutil
 import sys
 import time
@@ -42,6 +43,8 @@ def warm_key(cfg: Any) -> str:
         "sft": cfg.sft.model_dump(mode="json"),
     }
     spec["rollout"] = {"max_turns": cfg.rollout.max_turns, "max_new_tokens": cfg.rollout.max_new_tokens}
+    if cfg.agent.kind != "tool":  # another agent's warm start demonstrates another format
+        spec["agent"] = cfg.agent.model_dump(mode="json")
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -122,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     next_eval = args.eval_every_min * 60
     last = warm
     sft_seen = cfg.sft.tasks
+    step_s: list[float] = []
     while trained < budget:
         t0 = time.monotonic()
         if args.control == "rl":
@@ -144,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             trainer.step += 1
             print(f"sft round {trainer.step}: {len(demos)} demos, loss {h[-1]['loss']:.4f}", flush=True)
-        trained += time.monotonic() - t0
+        step_s.append(time.monotonic() - t0)
+        trained += step_s[-1]
         if trained >= next_eval or trained >= budget:
             next_eval += args.eval_every_min * 60
             last = run_eval(trainer, args.eval_n, f"step{trainer.step}")
@@ -168,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         "warm_start_s": warm_s,
         "train_min": trained / 60,
         "wall_min": (time.monotonic() - t_start) / 60,
+        "step_s": step_s,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "curve": curve,
         "final": {"accuracy": last.accuracy, "ci95": last.ci95, "n": last.n},
         "vs_warm": cmp.model_dump(),
