@@ -44,7 +44,7 @@ def main() -> None:
             f"one-file state.pt: {(d / 'old_state.pt').stat().st_size / 1e9:.3f} GB in {time.perf_counter() - t0:.1f} s"
         )
         t0 = time.perf_counter()
-        path = save_checkpoint(d / "ckpt", 1, model=model, optimizer=opt)
+        path = save_checkpoint(d / "ckpt", 1, model=model, optimizer_state=opt.state_dict())
         took = time.perf_counter() - t0
         for f in sorted(path.iterdir()):
             print(f"  {f.name}: {f.stat().st_size / 1e9:.3f} GB")

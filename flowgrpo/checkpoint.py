@@ -195,13 +195,15 @@ def save_checkpoint(
     step: int,
     *,
     model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer | None = None,
+    optimizer_state: dict[str, Any] | None = None,
     scheduler: Any = None,
     extra: dict[str, Any] | None = None,
     keep_last: int | None = None,
     reference: ReferencePointer | None = None,
 ) -> Path:
-    """Write ``root/step_{step}`` atomically, point ``root/latest`` at it, prune old ones."""
+    """Write ``root/step_{step}`` atomically, point ``root/latest`` at it, prune old ones.
+    ``optimizer_state``: the optimizer's state dict (``optimizer.state_dict()``, or the whole state
+    gathered from FSDP2 shards)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = checkpoint_dir(root, step)
@@ -217,8 +219,8 @@ def save_checkpoint(
     }
     with atomic_directory(final) as tmp:
         _save_tensors(policy_state_dict(model), tmp / POLICY_FILE)
-        if optimizer is not None:
-            torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+        if optimizer_state is not None:
+            torch.save(optimizer_state, tmp / OPTIMIZER_FILE)
         torch.save(state, tmp / STATE_FILE)  # last: its presence marks a complete directory
     latest_tmp = root / ".latest.tmp"
     latest_tmp.write_text(final.name + "\n")

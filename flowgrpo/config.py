@@ -250,6 +250,13 @@ class TrainSection(_Section):
         "while step t updates, trajectories more than k versions old are dropped, and algorithm.tis "
         "corrects the loss for the lag (required)",
     )
+    parallel: Literal["ddp", "fsdp2"] = Field(
+        "ddp",
+        description="under torchrun: ddp (every rank holds the whole model, its gradients and AdamW's "
+        "moments; gradients summed) or fsdp2 (FSDP2 shards the trained parameters, gradients and "
+        "moments across ranks; rollout samples a full copy refreshed after each update); "
+        "docs/scaling.md",
+    )
     logprob_chunk: int = Field(1024, ge=1)
     seed: int = 0
 

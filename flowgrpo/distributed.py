@@ -113,7 +113,6 @@ def all_reduce_gradients(params: Sequence[torch.Tensor], finite: bool, ctx: Dist
     if not ctx.enabled:
         return finite
     device = params[0].device if params else torch.device("cpu")
-    flag = torch.tensor([0.0 if finite else 1.0], device=device)
     for bucket in _buckets(params):
         flat = torch.cat(
             [
@@ -130,8 +129,25 @@ def all_reduce_gradients(params: Sequence[torch.Tensor], finite: bool, ctx: Dist
                 p.grad = g.clone()
             else:
                 p.grad.copy_(g)
+    return all_finite(finite, ctx, device=device)
+
+
+def all_finite(finite: bool, ctx: DistContext, *, device: torch.device | str = "cpu") -> bool:
+    """Whether every rank's loss and gradient were finite (each passes its own ``finite``)."""
+    if not ctx.enabled:
+        return finite
+    flag = torch.tensor([0.0 if finite else 1.0], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.SUM)
     return bool(flag.item() == 0.0)
+
+
+def max_over_ranks(value: int, ctx: DistContext, *, device: torch.device | str = "cpu") -> int:
+    """The largest of the ranks' ``value`` (e.g. micro-batches to run), on every rank."""
+    if not ctx.enabled:
+        return value
+    t = torch.tensor([value], dtype=torch.long, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
 
 
 def _buckets(params: Sequence[torch.Tensor]) -> Iterable[list[torch.Tensor]]:
@@ -179,6 +195,8 @@ def check_supported(config: Any, ctx: DistContext) -> None:
         problems.append("algorithm.entropy_top_q (its threshold is over the whole batch; unset it)")
     if config.algorithm.name == "ppo":
         problems.append("algorithm.name=ppo (its critic; use a group estimator such as flow_grpo)")
+    if config.train.parallel == "fsdp2" and config.model.lora is not None:
+        problems.append("model.lora with train.parallel=fsdp2 (LoRA's few trainable weights fit every rank: use ddp)")
     if config.rollout.backend == "openai" and config.rollout.server.weight_sync_dir:
         problems.append("rollout.server.weight_sync_dir (every rank would push weights to the server)")
     if problems:
@@ -188,12 +206,14 @@ def check_supported(config: Any, ctx: DistContext) -> None:
 __all__ = [
     "BUCKET_ELEMENTS",
     "DistContext",
+    "all_finite",
     "all_reduce_gradients",
     "broadcast_parameters",
     "check_supported",
     "context",
     "gather_groups",
     "init_from_env",
+    "max_over_ranks",
     "shard",
     "sum_over_ranks",
 ]

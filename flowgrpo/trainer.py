@@ -68,6 +68,7 @@ from flowgrpo.curriculum import TaskSampler, TaskStream, make_sampler
 from flowgrpo.env import Environment, Split
 from flowgrpo.episodes import apply_overlong_penalty, exclude_terminations, is_truncated
 from flowgrpo.evaluation import EvalResult, evaluate, record_evaluation
+from flowgrpo.fsdp import ShardedPolicy
 from flowgrpo.idle import IdleWatch
 from flowgrpo.logprobs import action_logprobs
 from flowgrpo.lora import is_lora, reference_mode
@@ -151,8 +152,14 @@ class Trainer:
         self.ref_model = frozen_reference(self.model) if cfg.algorithm.kl_coef > 0 else None
         self.critic = critic_of(cfg, self.model, parts.autocast)  # PPO's value model; None for group baselines
         self.engine = RolloutEngine(parts.backend, parts.tokenizer, cfg.rollout, agent=parts.agent)
+        # train.parallel=fsdp2 under torchrun: the trained copy is sharded (flowgrpo.fsdp); the full
+        # model keeps serving rollout, evaluation and checkpoints
+        self.sharded = ShardedPolicy(self.model, self.dist.world_size) if self._fsdp() else None
         self.optimizer = adamw(
-            self.model, lr=cfg.train.lr, betas=cfg.train.betas, weight_decay=cfg.train.weight_decay
+            self.sharded.module if self.sharded is not None else self.model,
+            lr=cfg.train.lr,
+            betas=cfg.train.betas,
+            weight_decay=cfg.train.weight_decay,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
@@ -182,6 +189,13 @@ class Trainer:
             dump_config(cfg, self.out / "config.yaml")
         if cfg.run.resume:
             self.resume(None if cfg.run.resume is True else cfg.run.resume)
+
+    def _fsdp(self) -> bool:
+        if self.cfg.train.parallel != "fsdp2":
+            return False
+        if not self.dist.enabled:
+            log.info("train.parallel=fsdp2 with one process: nothing to shard, training the model as is")
+        return self.dist.enabled
 
     # the parts the loop uses most, by name
     @property
@@ -219,6 +233,8 @@ class Trainer:
         if cfg.sft.enabled and self.step == 0 and not self.counters["sft_done"]:
             self.warm_start()
         distributed.broadcast_parameters(self.model, self.dist)  # every rank starts from rank 0's
+        if self.sharded is not None:
+            self.sharded.load_from(self.model)
         last: dict[str, Any] = {}
         status = "finished"
         bar = tqdm(
@@ -473,6 +489,8 @@ class Trainer:
                 steps += 1
                 for key, v in m.items():
                     agg[key] = agg.get(key, 0.0) + v
+        if self.sharded is not None:  # rollout, evaluation and checkpoints read the full model
+            self.sharded.copy_to(self.model)
         out = {k: v / steps for k, v in agg.items()}
         out["train_tokens"] = agg.get("train_tokens", 0.0)
         out["optimizer_steps"] = float(steps)
@@ -498,15 +516,21 @@ class Trainer:
         sums: dict[str, float] = {}
         tokens = 0.0
         finite = True
-        for mb in micro_batches(
-            rows,
-            cfg.train.micro_batch_tokens,
-            agg=a.agg,
-            norm_len=a.norm_len,
-            pad_id=self.parts.pad_id,
-            weights_over=weights_over,
-        ):
-            lp, ent = self._logprobs(self.model, mb, with_entropy=True, entropy_grad=a.entropy_coef > 0)
+        mbs = list(
+            micro_batches(
+                rows,
+                cfg.train.micro_batch_tokens,
+                agg=a.agg,
+                norm_len=a.norm_len,
+                pad_id=self.parts.pad_id,
+                weights_over=weights_over,
+            )
+        )
+        # fsdp2: every rank runs as many forward/backward passes as the busiest one (the same
+        # collectives in the same order)
+        idle = distributed.max_over_ranks(len(mbs), self.dist) - len(mbs) if self.sharded is not None else 0
+        for mb in mbs:
+            lp, ent = self._policy_logprobs(mb, with_entropy=True, entropy_grad=a.entropy_coef > 0)
             old_lp, is_w = mb.old_logprobs, None
             if old is not None:  # trainer's recomputed old policy; correct the sampler gap with TIS
                 old_lp = self._gather(old, mb)
@@ -539,8 +563,12 @@ class Trainer:
                 m.update({f"ppo/{k}": v for k, v in vm.items() if k != "tokens"})
             if not torch.isfinite(loss):
                 finite = False
-                break
-            loss.backward()
+                if self.sharded is None:
+                    break
+            # fsdp2: FSDP2 averages gradients over ranks, and the ranks' shares must add up
+            (loss * self.sharded.loss_scale if self.sharded is not None else loss).backward()
+            if not finite:  # fsdp2: the passes still ran, so the ranks stay in step; the step is skipped
+                continue
             n = m["tokens"]
             tokens += n
             sums["loss"] = sums.get("loss", 0.0) + loss.item()
@@ -548,9 +576,17 @@ class Trainer:
                 if k != "tokens":
                     sums[k] = sums.get(k, 0.0) + v * n
             sums["entropy"] = sums.get("entropy", 0.0) + float((ent.detach() * mb.loss_mask).sum())
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        if self.dist.enabled:  # sum gradients and metric sums over ranks; skip together
-            finite = distributed.all_reduce_gradients(params, finite, self.dist)
+        for _ in range(idle):
+            self.sharded.idle_pass(self.parts.pad_id)
+        if self.sharded is not None:
+            params = self.sharded.parameters()
+        else:
+            params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.dist.enabled:  # sum gradients (fsdp2: reduced into the shards) and metrics; skip together
+            if self.sharded is None:
+                finite = distributed.all_reduce_gradients(params, finite, self.dist)
+            else:
+                finite = distributed.all_finite(finite, self.dist)
             sums = distributed.sum_over_ranks({**sums, "\0tokens": tokens}, self.dist)
             tokens = sums.pop("\0tokens")
         grad_norm = float("nan")
@@ -572,6 +608,23 @@ class Trainer:
         return out
 
     # ------------------------------------------------------------------ helpers of the update
+    def _policy_logprobs(self, mb: MicroBatch, *, with_entropy: bool = False, entropy_grad: bool = False):
+        """Logprobs of the trained policy (its FSDP2 shards under fsdp2), with the graph."""
+        if self.sharded is None:
+            return self._logprobs(self.model, mb, with_entropy=with_entropy, entropy_grad=entropy_grad)
+        return self.sharded.logprobs(
+            mb.input_ids, mb.attention_mask, mb.loss_mask, **self._logprob_options(with_entropy, entropy_grad)
+        )
+
+    def _logprob_options(self, with_entropy: bool, entropy_grad: bool) -> dict[str, Any]:
+        return {
+            "temperature": self.cfg.rollout.logprob_temperature,
+            "autocast_dtype": self.parts.autocast,
+            "chunk_size": self.cfg.train.logprob_chunk,
+            "with_entropy": with_entropy,
+            "entropy_grad": entropy_grad,
+        }
+
     def _logprobs(
         self, model: Any, mb: MicroBatch, *, with_entropy: bool = False, entropy_grad: bool = False
     ):
@@ -580,11 +633,7 @@ class Trainer:
             mb.input_ids,
             mb.attention_mask,
             mb.loss_mask,
-            temperature=self.cfg.rollout.logprob_temperature,
-            autocast_dtype=self.parts.autocast,
-            chunk_size=self.cfg.train.logprob_chunk,
-            with_entropy=with_entropy,
-            entropy_grad=entropy_grad,
+            **self._logprob_options(with_entropy, entropy_grad),
         )
 
     @torch.no_grad()
@@ -631,19 +680,25 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints and signals
     def save(self) -> Path | None:
-        """Checkpoint this step (rank 0 alone under torchrun: the others return None)."""
+        """Checkpoint this step (rank 0 alone under torchrun: the others return None). Under fsdp2
+        every rank first helps gather the whole optimizer state, written as one file as usual."""
+        sharded_state = self.sharded.optimizer_state(self.optimizer) if self.sharded is not None else None
         if not self.dist.is_main:
             return None
         # the rollout thread may have drawn ahead: save the position of the last batch trained on
         stream = self._stream_state if self.producer is not None and self._stream_state else None
-        extra = {"stream": stream or self.stream.state_dict(), "counters": dict(self.counters)}
+        extra = {
+            "stream": stream or self.stream.state_dict(),
+            "counters": dict(self.counters),
+            "optimizer_layout": self.cfg.train.parallel if self.sharded is not None else "ddp",
+        }
         if self.critic is not None:
             extra["critic"] = self.critic.state_dict()
         return save_checkpoint(
             self.ckpt_root,
             self.step,
             model=self.model,
-            optimizer=self.optimizer,
+            optimizer_state=sharded_state if sharded_state is not None else self.optimizer.state_dict(),
             scheduler=self.scheduler,
             extra=extra,
             keep_last=self.cfg.run.keep_last,
@@ -669,7 +724,17 @@ class Trainer:
         if data is None:
             return False
         load_policy_state(self.model, data.policy, source=data.path)
-        if data.optimizer is not None:
+        layout = data.state["extra"].get("optimizer_layout", "ddp")
+        if data.optimizer is not None and layout != ("fsdp2" if self.sharded is not None else "ddp"):
+            raise ValueError(
+                f"{data.path}: its optimizer state was written with train.parallel={layout} under torchrun; "
+                f"resume it with train.parallel={layout} (and more than one rank for fsdp2)"
+            )
+        if self.sharded is not None:
+            self.sharded.load_from(self.model)
+            if data.optimizer is not None:
+                self.sharded.load_optimizer_state(self.optimizer, data.optimizer)
+        elif data.optimizer is not None:
             self.optimizer.load_state_dict(data.optimizer)
         if data.state.get("scheduler") is not None:
             self.scheduler.load_state_dict(data.state["scheduler"])

@@ -103,13 +103,13 @@ def test_checkpoint_roundtrip_and_pruning(tmp_path):
     m(torch.ones(1, 3)).sum().backward()
     opt.step()
     for s in (1, 2, 3):
-        save_checkpoint(tmp_path, s, model=m, optimizer=opt, extra={"x": s}, keep_last=2)
+        save_checkpoint(tmp_path, s, model=m, optimizer_state=opt.state_dict(), extra={"x": s}, keep_last=2)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000002", "step_000003"]
     assert latest_checkpoint(tmp_path).name == "step_000003"
     torch.manual_seed(0)
     expected = torch.rand(3)
     torch.manual_seed(0)
-    save_checkpoint(tmp_path, 4, model=m, optimizer=opt)
+    save_checkpoint(tmp_path, 4, model=m, optimizer_state=opt.state_dict())
     m2 = torch.nn.Linear(3, 2)
     opt2 = torch.optim.AdamW(m2.parameters(), lr=0.1)
     torch.manual_seed(123)

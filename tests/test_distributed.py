@@ -139,17 +139,26 @@ def _trainer(out_dir: str, *overrides: str) -> Trainer:
     return Trainer(cfg, model=model, tokenizer=tok, env_factory=SayEnv, reward=reward)
 
 
-def _rank(rank: int, world: int, port: int, out_dir: str, result_dir: str) -> None:
+def _rank(rank: int, world: int, port: int, out_dir: str, result_dir: str, parallel: str) -> None:
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    first = _trainer(out_dir)
+    first = _trainer(out_dir, f"train.parallel={parallel}")
     assert first.dist.world_size == world and first.dist.rank == rank
     first.train(until_step=STEPS - 1)  # rank 0 checkpoints step 2; every rank resumes from it
-    tr = _trainer(out_dir, "run.resume=true")
+    tr = _trainer(out_dir, "run.resume=true", f"train.parallel={parallel}")
     assert tr.step == STEPS - 1
     tr.train()
+    # AdamW's moments this rank holds, against the whole model's size (fsdp2: about half)
+    held = sum(
+        (s["exp_avg"].to_local() if hasattr(s["exp_avg"], "to_local") else s["exp_avg"]).numel()
+        for s in tr.optimizer.state.values()
+    )
     torch.save(
-        {k: v.detach().clone() for k, v in tr.model.state_dict().items()}, f"{result_dir}/rank{rank}.pt"
+        {
+            "params": {k: v.detach().clone() for k, v in tr.model.state_dict().items()},
+            "moment_share": held / sum(p.numel() for p in tr.model.parameters()),
+        },
+        f"{result_dir}/rank{rank}.pt",
     )
     torch.distributed.destroy_process_group()
 
@@ -160,9 +169,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_gloo_ranks_end_with_the_parameters_of_one_rank_also_across_a_resume(tmp_path):
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
+def test_two_gloo_ranks_end_with_the_parameters_of_one_rank_also_across_a_resume(tmp_path, parallel):
     """The 2-rank run stops after step 2 and resumes (every rank from rank 0's checkpoint); the
-    1-rank run goes straight through.
+    1-rank run goes straight through. ``fsdp2``: each rank holds half the parameters, gradients and
+    AdamW moments of the trained copy (FSDP2), and the ranks' full models, refreshed from the shards
+    after every update, still end with the 1-rank run's parameters.
 
     Tolerance: atol 1e-6, while 3 steps move the parameters by up to ~3e-5 (checked below).
     Both runs sample the same episodes (per-episode seeds; checked: same rewards and tokens) and
@@ -180,9 +192,16 @@ def test_two_gloo_ranks_end_with_the_parameters_of_one_rank_also_across_a_resume
         expected = {k: v.detach().clone() for k, v in one.model.state_dict().items()}
     finally:
         torch.set_num_threads(n)
-    mp.spawn(_rank, args=(2, _free_port(), str(tmp_path / "two"), str(tmp_path)), nprocs=2, join=True)
-    got0 = torch.load(tmp_path / "rank0.pt")
-    got1 = torch.load(tmp_path / "rank1.pt")
+    mp.spawn(
+        _rank, args=(2, _free_port(), str(tmp_path / "two"), str(tmp_path), parallel), nprocs=2, join=True
+    )
+    r0, r1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+    got0, got1 = r0["params"], r1["params"]
+    if parallel == "fsdp2":  # the tiny model's tied embedding and 2 layers split about evenly
+        assert 0.4 < r0["moment_share"] < 0.6 and 0.4 < r1["moment_share"] < 0.6
+        assert r0["moment_share"] + r1["moment_share"] == pytest.approx(1.0, abs=0.01)
+    else:
+        assert r0["moment_share"] == r1["moment_share"] == 1.0
     for k in expected:
         assert torch.equal(got0[k], got1[k]), f"ranks disagree on {k}"
     worst = max(float((got0[k] - v).abs().max()) for k, v in expected.items())
