@@ -224,7 +224,8 @@ def test_two_gloo_ranks_end_with_the_parameters_of_one_rank_also_across_a_resume
 
 
 @pytest.mark.slow
-def test_the_torchrun_launch_trains_with_rank_0_writing(tmp_path):
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
+def test_the_torchrun_launch_trains_with_rank_0_writing(tmp_path, parallel):
     """``torchrun --nproc_per_node 2 -m flowgrpo train``: the command users run, gloo on CPU."""
     (tmp_path / "cfg.yaml").write_text("model:\n  name: tiny\n")
     settings = [
@@ -237,6 +238,7 @@ def test_the_torchrun_launch_trains_with_rank_0_writing(tmp_path):
         "rollout.max_new_tokens=16",
         "run.save_every=2",
         "run.progress=false",
+        f"train.parallel={parallel}",
         f"run.output_dir={tmp_path / 'run'}",
     ]
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "flowgrpo"]
