@@ -124,3 +124,29 @@ def test_rollout_benchmark_runs_every_side_on_a_tiny_model(capsys) -> None:
         line = next(ln for ln in multi if ln.strip().startswith(side))
         turns = int(line.split(":")[1].split()[0])
         assert 2 <= turns <= 4 * 2  # every episode took at least its first turn, at most 2
+
+
+def test_by_task_splits_recorded_evaluations_by_a_task_field(tmp_path, capsys) -> None:
+    from benchmarks.by_task import main
+    from flowgrpo.components import env_factory_of
+    from flowgrpo.config import dump_config, load_config
+    from flowgrpo.store import append_line, encode_record
+    from flowgrpo.types import Message, Trajectory, Turn
+
+    cfg = load_config(None, ["env.name=multihop", f"run.output_dir={tmp_path}"])
+    dump_config(cfg, tmp_path / "config.yaml")
+    tasks = env_factory_of(cfg.env)().tasks("test")
+    one = [t for t in tasks if t.metadata["hops"] == 1][:2]
+    two = [t for t in tasks if t.metadata["hops"] == 2][:1]
+    turn = Turn(prompt_ids=[1], action_ids=[2], action_logprobs=[0.0], action=Message(role="assistant", content="x"))
+    trajs = [
+        Trajectory(task_id=t.id, turns=[turn] * k, reward_breakdown={"accuracy": acc})
+        for t, k, acc in [(one[0], 2, 1.0), (one[1], 2, 0.0), (two[0], 3, 1.0)]
+    ]
+    (tmp_path / "eval").mkdir()
+    for t in trajs:
+        append_line(tmp_path / "eval" / "warm.jsonl", encode_record(t))
+    assert main([str(tmp_path), "warm", "--key", "hops"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[2].startswith("| 1 | 1 / 2 [") and rows[2].endswith(", 2.00 |")
+    assert rows[3].startswith("| 2 | 1 / 1 [") and rows[3].endswith(", 3.00 |")
