@@ -690,7 +690,8 @@ class Trainer:
         extra = {
             "stream": stream or self.stream.state_dict(),
             "counters": dict(self.counters),
-            "optimizer_layout": self.cfg.train.parallel if self.sharded is not None else "ddp",
+            # fsdp2 gathers the optimizer state keyed by parameter name, torch's own keys are indices
+            "optimizer_keys": "name" if self.sharded is not None else "index",
         }
         if self.critic is not None:
             extra["critic"] = self.critic.state_dict()
@@ -724,11 +725,12 @@ class Trainer:
         if data is None:
             return False
         load_policy_state(self.model, data.policy, source=data.path)
-        layout = data.state["extra"].get("optimizer_layout", "ddp")
-        if data.optimizer is not None and layout != ("fsdp2" if self.sharded is not None else "ddp"):
+        keys = data.state["extra"].get("optimizer_keys", "index")
+        if data.optimizer is not None and keys != ("name" if self.sharded is not None else "index"):
+            written = "with" if keys == "name" else "without"
             raise ValueError(
-                f"{data.path}: its optimizer state was written with train.parallel={layout} under torchrun; "
-                f"resume it with train.parallel={layout} (and more than one rank for fsdp2)"
+                f"{data.path}: its optimizer state was written {written} train.parallel=fsdp2 under "
+                f"torchrun; resume it the same way ({written} fsdp2)"
             )
         if self.sharded is not None:
             self.sharded.load_from(self.model)

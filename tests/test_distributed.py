@@ -254,3 +254,16 @@ def test_the_torchrun_launch_trains_with_rank_0_writing(tmp_path, parallel):
     assert len(read_trajectories(tmp_path / "run" / "trajectories" / "step_000003.jsonl")) == 3 * 4
     assert (tmp_path / "run" / "checkpoints" / "step_000003").is_dir()
     assert proc.stdout.count("evaluating the untrained policy") == 1  # rank 0 evaluates
+
+
+def test_a_checkpoint_remembers_whether_fsdp2_wrote_its_optimizer_state(tmp_path):
+    """FSDP2 writes the whole optimizer state keyed by parameter name; a run without it reads
+    torch's index-keyed state. Resuming across the two is refused with what to do."""
+    tr = _trainer(str(tmp_path))
+    path = tr.save()
+    assert torch.load(path / "state.pt", weights_only=False)["extra"]["optimizer_keys"] == "index"
+    state = torch.load(path / "state.pt", weights_only=False)
+    state["extra"]["optimizer_keys"] = "name"  # as a train.parallel=fsdp2 run writes it
+    torch.save(state, path / "state.pt")
+    with pytest.raises(ValueError, match=r"written with train.parallel=fsdp2.*resume it the same way"):
+        _trainer(str(tmp_path), "run.resume=true")
