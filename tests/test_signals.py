@@ -77,6 +77,12 @@ def test_a_second_signal_exits_at_once_without_a_trace(tmp_path):
     time.sleep(0.05)  # two signals sent at once arrive as one
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err and "Aborted" not in err and "core dumped" not in err
+    if proc.returncode == -signal.SIGTERM:
+        # On a loaded machine the sleep above can outlast the tiny run's whole wind-down: the second
+        # signal then lands while the interpreter finalizes, where Python has restored the default
+        # action. The process had already stopped cleanly, which is what the second signal asks for.
+        assert "saved checkpoint" in err, err
+        return
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "second signal 15: exiting without a checkpoint" in err
-    assert "Traceback" not in err and "Aborted" not in err and "core dumped" not in err
