@@ -24,7 +24,7 @@ warm start of modules that share the policy's weights (``source: policy``).
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from flowgrpo.agentflow.agent import FlowAgent
 from flowgrpo.agentflow.config import AgentConfig
@@ -141,7 +141,7 @@ class _PlannerScript:
 class _ModuleScript:
     """One frozen module's text from the script (:class:`~flowgrpo.agentflow.modules.TextModule`)."""
 
-    def __init__(self, script: _Script, role: str) -> None:
+    def __init__(self, script: _Script, role: Literal["executor", "verifier", "generator"]) -> None:
         self.script, self.role = script, role
 
     async def reply(self, system: str, user: str, prefix: str) -> ModuleReply:
