@@ -184,6 +184,12 @@ def broadcast_parameters(model: torch.nn.Module, ctx: DistContext) -> None:
             dist.broadcast(t.data, src=0)
 
 
+def barrier(ctx: DistContext) -> None:
+    """Wait until every rank has arrived (a no-op in a single process)."""
+    if ctx.enabled:
+        dist.barrier()
+
+
 def check_supported(config: Any, ctx: DistContext) -> None:
     """Refuse, with what to change, the options whose data-parallel form is not implemented."""
     if not ctx.enabled:
@@ -208,6 +214,7 @@ __all__ = [
     "DistContext",
     "all_finite",
     "all_reduce_gradients",
+    "barrier",
     "broadcast_parameters",
     "check_supported",
     "context",

@@ -680,11 +680,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints and signals
     def save(self) -> Path | None:
-        """Checkpoint this step (rank 0 alone under torchrun: the others return None). Under fsdp2
-        every rank first helps gather the whole optimizer state, written as one file as usual."""
+        """Checkpoint this step. Under torchrun every rank calls it: rank 0 writes (the others
+        return None; under fsdp2 they first help gather the whole optimizer state), and no rank
+        returns before the checkpoint is complete."""
         sharded_state = self.sharded.optimizer_state(self.optimizer) if self.sharded is not None else None
-        if not self.dist.is_main:
-            return None
+        path = self._write_checkpoint(sharded_state) if self.dist.is_main else None
+        distributed.barrier(self.dist)  # no rank goes on (e.g. to resume from it) before it is on disk
+        return path
+
+    def _write_checkpoint(self, sharded_state: dict[str, Any] | None) -> Path:
         # the rollout thread may have drawn ahead: save the position of the last batch trained on
         stream = self._stream_state if self.producer is not None and self._stream_state else None
         extra = {
