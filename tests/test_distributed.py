@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 import torch.multiprocessing as mp
+from torch.distributed.tensor import DTensor
 
 from flowgrpo.batching import Row, micro_batches
 from flowgrpo.config import load_config
@@ -150,7 +151,7 @@ def _rank(rank: int, world: int, port: int, out_dir: str, result_dir: str, paral
     tr.train()
     # AdamW's moments this rank holds, against the whole model's size (fsdp2: about half)
     held = sum(
-        (s["exp_avg"].to_local() if hasattr(s["exp_avg"], "to_local") else s["exp_avg"]).numel()
+        (s["exp_avg"].to_local() if isinstance(s["exp_avg"], DTensor) else s["exp_avg"]).numel()
         for s in tr.optimizer.state.values()
     )
     torch.save(
