@@ -5,7 +5,8 @@ operations changes the count ("buys 5 more", "gives 4 away", "shares them equall
 and keeps one share", "doubles them"); the question asks for the final count. Every intermediate
 value is a non-negative integer, so the gold answer is an integer. Difficulty = number of operations
 and size of the numbers: level 1 (the default) is 1-3 operations on numbers below 100 with short
-prompts and a short system prompt, sized for SmolLM2-135M; every knob is a constructor kwarg.
+prompts and a short system prompt, sized for SmolLM2-135M; ``difficulty=[1, 2]`` mixes levels;
+every knob is a constructor kwarg.
 
 Real GSM8K-format data (``{"question": ..., "answer": "... #### 42"}`` JSONL) loads from a local
 file with ``data_files={"train": path, "test": path}``, or through ``datasets`` with
@@ -195,7 +196,9 @@ class ArithmeticEnv(ToolEnv):
 
     Args:
         seed: seeds the generator (same seed -> same tasks).
-        difficulty: a preset level (1, 2 or 3, see ``LEVELS``); the kwargs below override it.
+        difficulty: a preset level (1, 2 or 3, see ``LEVELS``), or a list of levels for a mix: each
+            problem draws its level uniformly from the list (``[1, 2]``: about half each; repeat a
+            level to weight it); a task's level is in ``metadata["level"]``. The kwargs below override every level.
         num_ops: (min, max) operations per problem.
         max_number: largest operand; max_value: cap on intermediate counts; max_factor: largest
             multiplier or divisor.
@@ -213,7 +216,7 @@ class ArithmeticEnv(ToolEnv):
         self,
         *,
         seed: int = 0,
-        difficulty: int = 1,
+        difficulty: int | list[int] = 1,
         num_ops: tuple[int, int] | None = None,
         max_number: int | None = None,
         max_value: int | None = None,
@@ -226,21 +229,24 @@ class ArithmeticEnv(ToolEnv):
         tools: list[Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        if difficulty not in LEVELS:
-            raise ValueError(f"difficulty must be one of {sorted(LEVELS)}, got {difficulty}")
-        level = dict(LEVELS[difficulty])
-        for k, v in {
-            "num_ops": num_ops,
-            "max_number": max_number,
-            "max_value": max_value,
-            "max_factor": max_factor,
-        }.items():
-            if v is not None:
-                level[k] = tuple(v) if k == "num_ops" else v
-        if level["num_ops"][0] < 1 or level["num_ops"][0] > level["num_ops"][1]:
-            raise ValueError(f"num_ops must be (min, max) with 1 <= min <= max, got {level['num_ops']}")
-        if level["max_number"] < 2 or level["max_factor"] < 2:
-            raise ValueError("max_number and max_factor must be >= 2")
+        wanted = [difficulty] if isinstance(difficulty, int) else list(difficulty)
+        bad = [d for d in wanted if d not in LEVELS]
+        if not wanted or bad:
+            raise ValueError(
+                f"difficulty must be one of {sorted(LEVELS)} or a non-empty list of them, got {difficulty}"
+            )
+        overrides = {"num_ops": num_ops, "max_number": max_number, "max_value": max_value, "max_factor": max_factor}
+        levels: dict[int, dict[str, Any]] = {}
+        for d in wanted:
+            level = dict(LEVELS[d])
+            for k, v in overrides.items():
+                if v is not None:
+                    level[k] = tuple(v) if k == "num_ops" else v
+            if level["num_ops"][0] < 1 or level["num_ops"][0] > level["num_ops"][1]:
+                raise ValueError(f"num_ops must be (min, max) with 1 <= min <= max, got {level['num_ops']}")
+            if level["max_number"] < 2 or level["max_factor"] < 2:
+                raise ValueError("max_number and max_factor must be >= 2")
+            levels[d] = level
         if not 0 < test_fraction < 1:
             raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
         if tools is None:
@@ -248,7 +254,7 @@ class ArithmeticEnv(ToolEnv):
 
             tools = [Calculator()]
         super().__init__(tools, **kwargs)
-        self.seed, self.level = seed, level
+        self.seed, self.difficulty, self.levels = seed, wanted, levels
         self.num_train, self.num_test, self.test_fraction = num_train, num_test, test_fraction
         self.data_files, self.hf_dataset = data_files, hf_dataset
         self._cache: dict[str, list[Task]] = {}
@@ -275,10 +281,12 @@ class ArithmeticEnv(ToolEnv):
             attempts += 1
             if attempts > 50 * (want["train"] + want["test"]) + 1000:
                 raise ValueError(
-                    f"could not generate {want} distinct problems at level {self.level}: "
+                    f"could not generate {want} distinct problems at levels {self.levels}: "
                     "raise max_number / num_ops or ask for fewer tasks"
                 )
-            prompt, expr, value = generate_problem(rng, self.level)
+            # one level: the stream of problems draws nothing extra (the same tasks as ever)
+            d = self.difficulty[0] if len(self.difficulty) == 1 else rng.choice(self.difficulty)
+            prompt, expr, value = generate_problem(rng, self.levels[d])
             if prompt in seen:
                 continue
             seen.add(prompt)
@@ -291,7 +299,12 @@ class ArithmeticEnv(ToolEnv):
                     id=f"arithmetic-{self.seed}-{split}-{n:05d}",
                     prompt=prompt,
                     answer=str(value),
-                    metadata={"answer_type": "math", "expression": expr, "num_ops": expr.count(" ") // 2},
+                    metadata={
+                        "answer_type": "math",
+                        "expression": expr,
+                        "num_ops": expr.count(" ") // 2,
+                        "level": d,
+                    },
                 )
             )
         return out

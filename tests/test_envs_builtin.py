@@ -95,6 +95,24 @@ def test_arithmetic_difficulty_knobs_and_seeds() -> None:
         ArithmeticEnv(difficulty=9)
 
 
+def test_arithmetic_level_mix() -> None:
+    env = ArithmeticEnv(difficulty=[1, 2], num_train=200, num_test=50)
+    tasks = env.tasks("train") + env.tasks("test")
+    by_level = {d: [t for t in tasks if t.metadata["level"] == d] for d in (1, 2)}
+    assert 80 <= len(by_level[1]) <= 170 and len(by_level[1]) + len(by_level[2]) == 250  # about half each
+    assert all(max(int(x) for x in re.findall(r"\d+", t.metadata["expression"])) < 100 for t in by_level[1])
+    assert all(2 <= t.metadata["num_ops"] <= 4 for t in by_level[2])
+    assert max(int(t.answer) for t in by_level[2]) > 999  # level 2's bigger numbers
+    # one level draws no level from the generator: the tasks (and every held-out set) are the same
+    single = ArithmeticEnv(num_train=3, num_test=3)
+    assert single.tasks("test")[0].prompt.startswith("Fay has 63 toy cars. Then she has 4 times as many.")
+    assert all(t.metadata["level"] == 1 for t in single.tasks("train"))
+    with pytest.raises(ValueError, match="non-empty list"):
+        ArithmeticEnv(difficulty=[])
+    with pytest.raises(ValueError, match="difficulty"):
+        ArithmeticEnv(difficulty=[1, 7])
+
+
 def test_gsm8k_loader(tmp_path) -> None:
     rows = [
         {"question": "Tom has 3 apples and buys 4. How many?", "answer": "3 + 4 = <<3+4=7>>7\n#### 7"},
