@@ -150,3 +150,44 @@ def test_by_task_splits_recorded_evaluations_by_a_task_field(tmp_path, capsys) -
     rows = capsys.readouterr().out.splitlines()
     assert rows[2].startswith("| 1 | 1 / 2 [") and rows[2].endswith(", 2.00 |")
     assert rows[3].startswith("| 2 | 1 / 1 [") and rows[3].endswith(", 3.00 |")
+
+
+def test_sweep_tabulates_arms_and_plots_one_panel_per_warm_start(tmp_path, capsys) -> None:
+    import json
+
+    from benchmarks.sweep import main
+
+    def arm(name: str, overrides: list[str], warm: float, after: float, p: float) -> None:
+        record = {
+            "name": name,
+            "config": "examples/calculator_agent.yaml",
+            "overrides": overrides,
+            "control": "rl",
+            "steps": 5,
+            "train_min": 8.9,
+            "step_s": [90.0, 100.0, 120.0],
+            "peak_rss_mb": 10_650.0,
+            "curve": [
+                {"step": 0, "train_min": 0.0, "accuracy": warm, "ci95": [warm - 0.07, warm + 0.07]},
+                {"step": 5, "train_min": 8.9, "accuracy": after, "ci95": [after - 0.07, after + 0.07]},
+            ],
+            "final": {"accuracy": after, "ci95": [after - 0.07, after + 0.07], "n": 200},
+            "vs_warm": {"n": 200, "accuracy_a": warm, "accuracy_b": after, "only_a": 27, "only_b": 36,
+                        "difference": after - warm, "ci95": [-0.033, 0.122], "p_value": p},
+        }  # fmt: skip
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "arm.json").write_text(json.dumps(record))
+
+    arm("base", [], 0.565, 0.61, 0.3135)
+    arm("hard", ["env.kwargs.difficulty=2"], 0.2, 0.3, 0.004)
+    pytest.importorskip("matplotlib")
+    assert main(["--root", str(tmp_path), "--plot", str(tmp_path / "sweep.png")]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    base, hard = rows[2].split(" | "), rows[3].split(" | ")
+    assert base[1:] == ["(recipe)", base[2], "5 (8.9)", "100", "0.610 [0.540, 0.680]",
+                        "+4.5 [-3.3, +12.2], p = 0.31", "10.4 |"]  # fmt: skip
+    assert base[2].endswith(": 0.565") and hard[2].endswith(": 0.200")
+    assert base[2][:6] != hard[2][:6]  # another environment: another warm start and held-out set
+    assert (tmp_path / "sweep.png").stat().st_size > 10_000
+    with pytest.raises(SystemExit, match="does not exist"):
+        main(["--root", str(tmp_path), "missing"])
