@@ -314,3 +314,26 @@ def test_minilm_embedder_matches_sentence_transformers() -> None:
         texts, convert_to_numpy=True
     )
     np.testing.assert_allclose(minilm_embedder(texts), ref, atol=1e-5)
+
+
+def test_turn_cost_orders_correct_episodes_by_length_and_leaves_failures_alone() -> None:
+    from flowgrpo.advantages import compute_advantages, is_zero_variance
+
+    right, wrong = "<answer>1234</answer>", "<answer>99</answer>"
+    comp = CompositeReward([RewardSpec(name="accuracy"), RewardSpec(name="turn_cost", weight=0.05)])
+    solved = TrajectoryGroup(task=MATH, trajectories=[traj("search", right), traj("search", "search", right)])
+    failed = TrajectoryGroup(task=MATH, trajectories=[traj("search", wrong), traj("search", "search", wrong)])
+    comp.score_groups([solved, failed])
+    short, long = solved.trajectories
+    assert short.reward_breakdown == {"accuracy": 1.0, "turn_cost": -2.0}
+    assert (short.reward, long.reward) == (pytest.approx(0.90), pytest.approx(0.85))
+    assert [t.reward for t in failed.trajectories] == [0.0, 0.0]  # a failure pays no turn cost
+    compute_advantages([solved, failed], "flow_grpo")
+    # [0.90, 0.85]: mean 0.875, unbiased std 0.025 * sqrt(2) -> advantages +-1/sqrt(2)
+    assert short.turns[0].advantage == pytest.approx(2**-0.5, abs=1e-4)
+    assert long.turns[2].advantage == pytest.approx(-(2**-0.5), abs=1e-4)
+    assert is_zero_variance(failed) and not is_zero_variance(solved)
+    plain = make_reward("turn_cost", only_correct=False)
+    assert [plain(t, MATH) for t in failed.trajectories] == [-2.0, -3.0]
+    with pytest.raises(ValueError, match="threshold"):
+        make_reward("turn_cost", threshold=0.0)

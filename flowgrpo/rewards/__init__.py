@@ -4,6 +4,7 @@
   :class:`CompositeReward` (the weighted sum that fills ``traj.reward`` and ``traj.reward_breakdown``).
 - :mod:`~flowgrpo.rewards.answers`: ``accuracy`` (math by value, text by EM/F1, code by hidden
   tests) and ``format``.
+- :mod:`~flowgrpo.rewards.cost`: ``turn_cost``, a price on the turns of a correct episode.
 - :mod:`~flowgrpo.rewards.code`: the hidden tests of code tasks, run in :mod:`flowgrpo.sandbox`.
 - :mod:`~flowgrpo.rewards.judge`: ``judge``, an LLM grading the transcript.
 - :mod:`~flowgrpo.rewards.diversity`: ``diversity``, a group reward against similar responses.
@@ -44,6 +45,7 @@ from flowgrpo.rewards.base import (
     register_reward,
 )
 from flowgrpo.rewards.code import CodeGrade, extract_code, grade_code, run_code_tests
+from flowgrpo.rewards.cost import TurnCostReward
 from flowgrpo.rewards.diversity import (
     DiversityReward,
     Embedder,
@@ -71,6 +73,7 @@ register_reward("judge", JudgeReward)
 register_reward("diversity", DiversityReward)
 register_reward("verifier", VerifierReward)
 register_reward("reward_model", RewardModelReward)
+register_reward("turn_cost", TurnCostReward)
 
 __all__ = [
     "JUDGE_TEMPLATE",
@@ -98,6 +101,7 @@ __all__ = [
     "RewardModelReward",
     "RewardSpec",
     "Score",
+    "TurnCostReward",
     "VerifierReward",
     "as_score",
     "diversity_scores",
