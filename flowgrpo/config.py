@@ -434,14 +434,28 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return path, value
 
 
+def _list_index(items: list[Any], key: str, text: str, where: str, *, last: bool) -> int:
+    """The index ``key`` names in the list at ``where``; the last path element may be ``len(items)``
+    (appends an item: ``rewards.2={name: turn_cost, weight: 0.05}``)."""
+    top = len(items) if last else len(items) - 1
+    if not key.isdigit() or int(key) > top:
+        append = f"; {where}.{len(items)}=VALUE appends one" if last else ""
+        raise ConfigError(
+            f"override {text!r}: {where} is a list of {len(items)} item(s): index it with 0..{len(items) - 1}"
+            f"{append}, or set the whole list ({where}=[...])"
+        )
+    return int(key)
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Set each dotted override in the nested dict ``data`` (in place; list items by index)."""
+    """Set each dotted override in the nested dict ``data`` (in place; list items by index, and
+    one past the end of a list appends)."""
     for text in overrides:
         path, value = parse_override(text)
         node: Any = data
         for i, p in enumerate(path[:-1]):
             if isinstance(node, list):
-                node = node[int(p)]
+                node = node[_list_index(node, p, text, ".".join(path[:i]), last=False)]
                 continue
             if p not in node or node[p] is None:
                 node[p] = {}
@@ -450,7 +464,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             node = node[p]
         last = path[-1]
         if isinstance(node, list):
-            node[int(last)] = value
+            k = _list_index(node, last, text, ".".join(path[:-1]), last=True)
+            node[k:k + 1] = [value]
         else:
             node[last] = value
     return data
