@@ -2,12 +2,15 @@
 
     python -m benchmarks.sweep                                   # every arm under runs/arms
     python -m benchmarks.sweep grpo-8min rloo-8min --plot docs/img/sweep.png
+    python -m benchmarks.sweep --versus grpo-8min                 # each arm against another arm
 
 Reads ``ROOT/NAME/arm.json`` and prints one markdown row per arm: its overrides, the warm start it
 started from (arms share one only when the config's model, environment and ``sft`` section agree,
 and only then do they share held-out tasks), steps and training minutes, seconds per step,
 held-out accuracy after training with its Wilson 95% interval, the paired difference with the warm
-start (exact McNemar p), and peak RSS. ``--plot`` draws held-out accuracy against training minutes,
+start (exact McNemar p), and peak RSS. ``--versus NAME`` adds the paired difference of each arm's
+final evaluation with arm NAME's, on the tasks both evaluated (arms from another warm start get no
+such cell: they answered other tasks, or the same tasks from other weights). ``--plot`` draws held-out accuracy against training minutes,
 one panel per warm start, so curves are only ever drawn beside curves on the same tasks.
 """
 
@@ -21,6 +24,8 @@ from typing import Any
 
 from benchmarks.learning import warm_key
 from flowgrpo.config import load_config
+from flowgrpo.evaluation import EvalResult, compare
+from flowgrpo.rundir import RunDir
 
 
 def load_arms(root: Path, names: list[str]) -> list[dict[str, Any]]:
@@ -32,8 +37,24 @@ def load_arms(root: Path, names: list[str]) -> list[dict[str, Any]]:
         arm = json.loads(p.read_text())
         cfg = load_config(arm["config"], arm["overrides"])
         arm["warm_key"], arm["env"] = warm_key(cfg), cfg.env.name
+        arm["dir"] = p.parent
         arms.append(arm)
     return arms
+
+
+def final_eval(arm: dict[str, Any]) -> EvalResult:
+    """The arm's last recorded evaluation (the one ``arm.json``'s ``final`` summarises)."""
+    return RunDir(arm["dir"]).evals()[-1]
+
+
+def versus(arm: dict[str, Any], ref: dict[str, Any]) -> str:
+    if arm is ref:
+        return "-"
+    if arm["warm_key"] != ref["warm_key"]:
+        return "(other warm start)"
+    cmp = compare(final_eval(ref), final_eval(arm))
+    lo, hi = cmp.ci95
+    return f"{100 * cmp.difference:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}], p = {cmp.p_value:.2g}"
 
 
 def row(arm: dict[str, Any]) -> str:
@@ -84,17 +105,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("names", nargs="*", help="arm names (default: every arm under --root)")
     ap.add_argument("--root", default="runs/arms")
     ap.add_argument("--plot", type=Path, help="write a PNG of the curves here")
+    ap.add_argument("--versus", metavar="NAME", help="also compare every arm's final evaluation with this arm's")
     args = ap.parse_args(argv)
-    arms = load_arms(Path(args.root), args.names)
+    root = Path(args.root)
+    arms = load_arms(root, args.names)
     if not arms:
         raise SystemExit(f"error: no arm.json under {args.root}: run python -m benchmarks.learning first")
-    print(
+    ref = None
+    if args.versus:
+        ref = next((a for a in arms if a["name"] == args.versus), None) or load_arms(root, [args.versus])[0]
+    head = (
         "| arm | overrides | warm start: accuracy | steps (train min) | s/step | held-out after [95% CI] "
         "| vs warm [95% CI], p | peak RSS GB |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print(head + (f" vs {args.versus} [95% CI], p |" if ref else ""))
+    print("|---|---|---|---|---|---|---|---|" + ("---|" if ref else ""))
     for arm in arms:
-        print(row(arm))
+        print(row(arm) + (f" {versus(arm, ref)} |" if ref else ""))
     if args.plot:
         plot(arms, args.plot)
     return 0

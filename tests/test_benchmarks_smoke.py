@@ -156,8 +156,9 @@ def test_sweep_tabulates_arms_and_plots_one_panel_per_warm_start(tmp_path, capsy
     import json
 
     from benchmarks.sweep import main
+    from flowgrpo.evaluation import EvalResult
 
-    def arm(name: str, overrides: list[str], warm: float, after: float, p: float) -> None:
+    def arm(name: str, overrides: list[str], warm: float, after: float, p: float, solved: list[int]) -> None:
         record = {
             "name": name,
             "config": "examples/calculator_agent.yaml",
@@ -177,17 +178,26 @@ def test_sweep_tabulates_arms_and_plots_one_panel_per_warm_start(tmp_path, capsy
         }  # fmt: skip
         (tmp_path / name).mkdir()
         (tmp_path / name / "arm.json").write_text(json.dumps(record))
+        final = EvalResult(
+            label="step5", step=5, n=len(solved), accuracy=after, ci95=(0.0, 1.0),
+            per_task={f"t{i}": c for i, c in enumerate(solved)},
+        )  # fmt: skip
+        (tmp_path / name / "eval.jsonl").write_text(final.model_dump_json() + "\n")
 
-    arm("base", [], 0.565, 0.61, 0.3135)
-    arm("hard", ["env.kwargs.difficulty=2"], 0.2, 0.3, 0.004)
+    arm("base", [], 0.565, 0.61, 0.3135, [1, 0, 1, 0])
+    arm("hard", ["env.kwargs.difficulty=2"], 0.2, 0.3, 0.004, [0, 0, 0, 0])
+    arm("lr", ["train.lr=3e-5"], 0.565, 0.62, 0.2, [1, 1, 1, 1])
     pytest.importorskip("matplotlib")
-    assert main(["--root", str(tmp_path), "--plot", str(tmp_path / "sweep.png")]) == 0
+    assert main(["--root", str(tmp_path), "--plot", str(tmp_path / "sweep.png"), "--versus", "base"]) == 0
     rows = capsys.readouterr().out.splitlines()
-    base, hard = rows[2].split(" | "), rows[3].split(" | ")
+    assert rows[0].endswith("| vs base [95% CI], p |")
+    base, hard, lr = (r.split(" | ") for r in rows[2:5])
     assert base[1:] == ["(recipe)", base[2], "5 (8.9)", "100", "0.610 [0.540, 0.680]",
-                        "+4.5 [-3.3, +12.2], p = 0.31", "10.4 |"]  # fmt: skip
+                        "+4.5 [-3.3, +12.2], p = 0.31", "10.4", "- |"]  # fmt: skip
     assert base[2].endswith(": 0.565") and hard[2].endswith(": 0.200")
-    assert base[2][:6] != hard[2][:6]  # another environment: another warm start and held-out set
+    assert base[2][:6] == lr[2][:6] != hard[2][:6]  # another environment: another warm start
+    assert hard[-1] == "(other warm start) |"
+    assert lr[-1].startswith("+50.0 [") and lr[-1].endswith("p = 0.5 |")  # 2 tasks fixed, 0 broken
     assert (tmp_path / "sweep.png").stat().st_size > 10_000
     with pytest.raises(SystemExit, match="does not exist"):
         main(["--root", str(tmp_path), "missing"])
