@@ -5,13 +5,15 @@
     python -m benchmarks.sweep --versus grpo-8min                 # each arm against another arm
 
 Reads ``ROOT/NAME/arm.json`` and prints one markdown row per arm: its overrides, the warm start it
-started from (arms share one only when the config's model, environment and ``sft`` section agree,
-and only then do they share held-out tasks), steps and training minutes, seconds per step,
+started from (arms share one when the config's model, environment and ``sft`` section agree) and
+that warm start's held-out accuracy, steps and training minutes, seconds per step,
 held-out accuracy after training with its Wilson 95% interval, the paired difference with the warm
 start (exact McNemar p), and peak RSS. ``--versus NAME`` adds the paired difference of each arm's
-final evaluation with arm NAME's, on the tasks both evaluated (arms from another warm start get no
-such cell: they answered other tasks, or the same tasks from other weights). ``--plot`` draws held-out accuracy against training minutes,
-one panel per warm start, so curves are only ever drawn beside curves on the same tasks.
+final evaluation with arm NAME's, on the tasks both evaluated; arms whose environment is configured
+otherwise (another level, another seed) answered other problems under the same task ids and get no
+such cell. ``--plot`` draws held-out accuracy against training minutes,
+one panel per held-out set (environment configuration), so curves are only ever drawn beside
+curves on the same tasks; arms from different warm starts start from their own points.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def load_arms(root: Path, names: list[str]) -> list[dict[str, Any]]:
             raise SystemExit(f"error: {p} does not exist (an arm still running, or a wrong name?)")
         arm = json.loads(p.read_text())
         cfg = load_config(arm["config"], arm["overrides"])
-        arm["warm_key"], arm["env"] = warm_key(cfg), cfg.env.name
+        arm["warm_key"], arm["env"] = warm_key(cfg), cfg.env.model_dump(mode="json")
         arm["dir"] = p.parent
         arms.append(arm)
     return arms
@@ -50,8 +52,8 @@ def final_eval(arm: dict[str, Any]) -> EvalResult:
 def versus(arm: dict[str, Any], ref: dict[str, Any]) -> str:
     if arm is ref:
         return "-"
-    if arm["warm_key"] != ref["warm_key"]:
-        return "(other warm start)"
+    if arm["env"] != ref["env"]:
+        return "(other tasks)"
     cmp = compare(final_eval(ref), final_eval(arm))
     lo, hi = cmp.ci95
     return f"{100 * cmp.difference:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}], p = {cmp.p_value:.2g}"
@@ -80,16 +82,18 @@ def plot(arms: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = list(dict.fromkeys(a["warm_key"] for a in arms))
+    keys = list(dict.fromkeys(json.dumps(a["env"], sort_keys=True) for a in arms))
     fig, axes = plt.subplots(1, len(keys), figsize=(6.5 * len(keys), 4.5), squeeze=False)
     for ax, key in zip(axes[0], keys, strict=True):
-        mine = [a for a in arms if a["warm_key"] == key]
+        mine = [a for a in arms if json.dumps(a["env"], sort_keys=True) == key]
         for a in mine:
             x = [c["train_min"] for c in a["curve"]]
             y = [c["accuracy"] for c in a["curve"]]
             err = [[c["accuracy"] - c["ci95"][0] for c in a["curve"]], [c["ci95"][1] - c["accuracy"] for c in a["curve"]]]
             ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=a["name"], alpha=0.8)
-        ax.set_title(f"{mine[0]['env']}, warm start {key[:6]}: {mine[0]['final']['n']} held-out tasks, greedy")
+        env = mine[0]["env"]
+        kwargs = ", ".join(f"{k}={v}" for k, v in sorted(env["kwargs"].items()) if k not in ("seed", "num_test"))
+        ax.set_title(f"{env['name']} {kwargs}: {mine[0]['final']['n']} held-out tasks, greedy", fontsize=10)
         ax.set_xlabel("training minutes (rollout + update)")
         ax.set_ylabel("held-out accuracy (95% Wilson interval)")
         ax.grid(alpha=0.3)

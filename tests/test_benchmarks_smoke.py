@@ -187,16 +187,19 @@ def test_sweep_tabulates_arms_and_plots_one_panel_per_warm_start(tmp_path, capsy
     arm("base", [], 0.565, 0.61, 0.3135, [1, 0, 1, 0])
     arm("hard", ["env.kwargs.difficulty=2"], 0.2, 0.3, 0.004, [0, 0, 0, 0])
     arm("lr", ["train.lr=3e-5"], 0.565, 0.62, 0.2, [1, 1, 1, 1])
+    arm("small", ["sft.tasks=32"], 0.325, 0.42, 0.02, [1, 0, 0, 0])
     pytest.importorskip("matplotlib")
     assert main(["--root", str(tmp_path), "--plot", str(tmp_path / "sweep.png"), "--versus", "base"]) == 0
     rows = capsys.readouterr().out.splitlines()
     assert rows[0].endswith("| vs base [95% CI], p |")
-    base, hard, lr = (r.split(" | ") for r in rows[2:5])
+    base, hard, lr, small = (r.split(" | ") for r in rows[2:6])
     assert base[1:] == ["(recipe)", base[2], "5 (8.9)", "100", "0.610 [0.540, 0.680]",
                         "+4.5 [-3.3, +12.2], p = 0.31", "10.4", "- |"]  # fmt: skip
     assert base[2].endswith(": 0.565") and hard[2].endswith(": 0.200")
     assert base[2][:6] == lr[2][:6] != hard[2][:6]  # another environment: another warm start
-    assert hard[-1] == "(other warm start) |"
+    assert small[2][:6] not in (base[2][:6], hard[2][:6])  # another sft section: another warm start
+    assert hard[-1] == "(other tasks) |"  # level 2's problems under the same task ids: no pairing
+    assert small[-1].startswith("-25.0 [")  # other weights, same tasks: paired
     assert lr[-1].startswith("+50.0 [") and lr[-1].endswith("p = 0.5 |")  # 2 tasks fixed, 0 broken
     assert (tmp_path / "sweep.png").stat().st_size > 10_000
     with pytest.raises(SystemExit, match="does not exist"):
