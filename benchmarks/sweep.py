@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.learning import warm_key
-from flowgrpo.config import load_config
 from flowgrpo.evaluation import EvalResult, compare
 from flowgrpo.rundir import RunDir
 
@@ -37,7 +36,7 @@ def load_arms(root: Path, names: list[str]) -> list[dict[str, Any]]:
         if not p.is_file():
             raise SystemExit(f"error: {p} does not exist (an arm still running, or a wrong name?)")
         arm = json.loads(p.read_text())
-        cfg = load_config(arm["config"], arm["overrides"])
+        cfg = RunDir(p.parent).config()  # the config the arm ran with, whatever its file says today
         arm["warm_key"], arm["env"] = warm_key(cfg), cfg.env.model_dump(mode="json")
         arm["dir"] = p.parent
         arms.append(arm)

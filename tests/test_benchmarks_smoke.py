@@ -156,6 +156,7 @@ def test_sweep_tabulates_arms_and_plots_one_panel_per_warm_start(tmp_path, capsy
     import json
 
     from benchmarks.sweep import main
+    from flowgrpo.config import dump_config, load_config
     from flowgrpo.evaluation import EvalResult
 
     def arm(name: str, overrides: list[str], warm: float, after: float, p: float, solved: list[int]) -> None:
@@ -178,6 +179,7 @@ def test_sweep_tabulates_arms_and_plots_one_panel_per_warm_start(tmp_path, capsy
         }  # fmt: skip
         (tmp_path / name).mkdir()
         (tmp_path / name / "arm.json").write_text(json.dumps(record))
+        dump_config(load_config(record["config"], overrides), tmp_path / name / "config.yaml")
         final = EvalResult(
             label="step5", step=5, n=len(solved), accuracy=after, ci95=(0.0, 1.0),
             per_task={f"t{i}": c for i, c in enumerate(solved)},
