@@ -85,6 +85,7 @@ def plot(arms: list[dict[str, Any]], path: Path) -> None:
     fig, axes = plt.subplots(1, len(keys), figsize=(6.5 * len(keys), 4.5), squeeze=False)
     for ax, key in zip(axes[0], keys, strict=True):
         mine = [a for a in arms if json.dumps(a["env"], sort_keys=True) == key]
+        ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)  # 20 distinct colours: no two arms share one
         for a in mine:
             x = [c["train_min"] for c in a["curve"]]
             y = [c["accuracy"] for c in a["curve"]]
