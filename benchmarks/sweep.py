@@ -38,6 +38,7 @@ def load_arms(root: Path, names: list[str]) -> list[dict[str, Any]]:
         arm = json.loads(p.read_text())
         cfg = RunDir(p.parent).config()  # the config the arm ran with, whatever its file says today
         arm["warm_key"], arm["env"] = warm_key(cfg), cfg.env.model_dump(mode="json")
+        arm["tasks"] = json.dumps(arm["env"], sort_keys=True)  # one held-out set per environment config
         arm["dir"] = p.parent
         arms.append(arm)
     return arms
@@ -48,12 +49,12 @@ def final_eval(arm: dict[str, Any]) -> EvalResult:
     return RunDir(arm["dir"]).evals()[-1]
 
 
-def versus(arm: dict[str, Any], ref: dict[str, Any]) -> str:
+def versus(arm: dict[str, Any], ref: dict[str, Any], ref_final: EvalResult) -> str:
     if arm is ref:
         return "-"
-    if arm["env"] != ref["env"]:
+    if arm["tasks"] != ref["tasks"]:
         return "(other tasks)"
-    cmp = compare(final_eval(ref), final_eval(arm))
+    cmp = compare(ref_final, final_eval(arm))
     lo, hi = cmp.ci95
     return f"{100 * cmp.difference:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}], p = {cmp.p_value:.2g}"
 
@@ -81,10 +82,10 @@ def plot(arms: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = list(dict.fromkeys(json.dumps(a["env"], sort_keys=True) for a in arms))
+    keys = list(dict.fromkeys(a["tasks"] for a in arms))
     fig, axes = plt.subplots(1, len(keys), figsize=(6.5 * len(keys), 4.5), squeeze=False)
     for ax, key in zip(axes[0], keys, strict=True):
-        mine = [a for a in arms if json.dumps(a["env"], sort_keys=True) == key]
+        mine = [a for a in arms if a["tasks"] == key]
         ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)  # 20 distinct colours: no two arms share one
         for a in mine:
             x = [c["train_min"] for c in a["curve"]]
@@ -124,8 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(head + (f" vs {args.versus} [95% CI], p |" if ref else ""))
     print("|---|---|---|---|---|---|---|---|" + ("---|" if ref else ""))
+    ref_final = final_eval(ref) if ref else None
     for arm in arms:
-        print(row(arm) + (f" {versus(arm, ref)} |" if ref else ""))
+        print(row(arm) + (f" {versus(arm, ref, ref_final)} |" if ref else ""))
     if args.plot:
         plot(arms, args.plot)
     return 0
