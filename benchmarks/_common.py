@@ -269,7 +269,7 @@ def load_policy(model: str, *, dtype: str = "float32", device: str = "cpu", seed
     size is used for the embedding)."""
     import torch
 
-    from flowgrpo.models import load_model, tiny_model
+    from flowgrpo.modeling.models import load_model, tiny_model
 
     dt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     if model == "tiny":

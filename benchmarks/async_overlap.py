@@ -28,7 +28,7 @@ from pathlib import Path
 
 from benchmarks.learning import run_eval, warm_start
 from flowgrpo.config import load_config
-from flowgrpo.trainer import Trainer
+from flowgrpo.training.trainer import Trainer
 
 
 def arm(args: argparse.Namespace, staleness: int) -> dict[str, float]:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import argparse
 
-from flowgrpo.metrics import accuracy_of
-from flowgrpo.rundir import RunDir, RunError
-from flowgrpo.stats import wilson_interval
+from flowgrpo.algorithms.episodes import accuracy_of
+from flowgrpo.algorithms.stats import wilson_interval
+from flowgrpo.runs.rundir import RunDir, RunError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,7 +33,11 @@ def main(argv: list[str] | None = None) -> int:
         episodes = {label: run.eval_episodes(label) for label in args.labels}
     except RunError as e:
         raise SystemExit(f"error: {e}") from None
-    print(f"| {args.key} | " + " | ".join(f"{label}: correct / n [95% CI], turns" for label in args.labels) + " |")
+    print(
+        f"| {args.key} | "
+        + " | ".join(f"{label}: correct / n [95% CI], turns" for label in args.labels)
+        + " |"
+    )
     print("|---|" + "---|" * len(args.labels))
     keys = sorted({value.get(t.task_id) for trajs in episodes.values() for t in trajs}, key=str)
     for k in keys:

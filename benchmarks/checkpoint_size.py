@@ -18,10 +18,10 @@ from pathlib import Path
 def main() -> None:
     import torch
 
-    from flowgrpo.checkpoint import REFERENCE_FILE, save_checkpoint, write_reference
-    from flowgrpo.models import load_model
-    from flowgrpo.optim import adamw
-    from flowgrpo.trainer import frozen_reference
+    from flowgrpo.modeling.models import load_model
+    from flowgrpo.runs.checkpoint import REFERENCE_FILE, save_checkpoint, write_reference
+    from flowgrpo.training.optim import adamw
+    from flowgrpo.training.trainer import frozen_reference
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default=tempfile.gettempdir(), help="where to write (needs ~4 GB free)")

@@ -30,9 +30,9 @@ import argparse
 import re
 from collections import Counter
 
-from flowgrpo.metrics import accuracy_of
+from flowgrpo.algorithms.episodes import accuracy_of
 from flowgrpo.rewards import final_answer, math_equal
-from flowgrpo.rundir import RunDir, RunError
+from flowgrpo.runs.rundir import RunDir, RunError
 from flowgrpo.types import Termination, Trajectory
 
 CLASSES = (

@@ -26,10 +26,10 @@ from typing import Any
 
 import torch
 
+from flowgrpo.algorithms.stats import wilson_interval
 from flowgrpo.components import build
 from flowgrpo.config import load_config
-from flowgrpo.evaluation import compare, evaluate
-from flowgrpo.stats import wilson_interval
+from flowgrpo.runs.evaluation import compare, evaluate
 from flowgrpo.types import Trajectory
 
 
@@ -45,7 +45,7 @@ def tokens_per_episode(trajs: list[Trajectory]) -> float:
 
 def compare_runs(flow: str, tool: str) -> dict[str, Any]:
     """Two recorded evaluations (``RUN:LABEL``), compared on the tasks they share."""
-    from flowgrpo.rundir import RunDir
+    from flowgrpo.runs.rundir import RunDir
 
     out: dict[str, Any] = {}
     results = {}

@@ -20,15 +20,15 @@ from pathlib import Path
 import yaml
 
 from benchmarks.verifier_agreement import auc
-from flowgrpo.aio import run_sync
-from flowgrpo.backends.hf import HFBackend
+from flowgrpo.algorithms.stats import wilson_interval
 from flowgrpo.env import make
-from flowgrpo.export import load_served_policy
 from flowgrpo.rewards import JudgeReward, Missing
-from flowgrpo.serve import make_server, serve_in_thread
-from flowgrpo.stats import wilson_interval
-from flowgrpo.store import read_trajectories
+from flowgrpo.rollout.backends.hf import HFBackend
+from flowgrpo.runs.export import load_served_policy
+from flowgrpo.runs.store import read_trajectories
+from flowgrpo.serving.serve import make_server, serve_in_thread
 from flowgrpo.types import TrajectoryGroup
+from flowgrpo.utils.aio import run_sync
 
 RECIPE = Path(__file__).resolve().parents[1] / "examples" / "gsm8k_quality.yaml"
 

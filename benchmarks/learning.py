@@ -31,9 +31,9 @@ from typing import Any
 import torch
 
 from flowgrpo.config import load_config
-from flowgrpo.evaluation import EvalResult, compare
-from flowgrpo.sft import demonstrations, supervised_epochs
-from flowgrpo.trainer import Trainer
+from flowgrpo.runs.evaluation import EvalResult, compare
+from flowgrpo.training.sft import demonstrations, supervised_epochs
+from flowgrpo.training.trainer import Trainer
 
 
 def warm_key(cfg: Any) -> str:

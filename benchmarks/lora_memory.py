@@ -28,7 +28,7 @@ def child(lora: bool) -> None:
     import tempfile
 
     from flowgrpo.config import load_config
-    from flowgrpo.trainer import Trainer
+    from flowgrpo.training.trainer import Trainer
 
     overrides = [
         f"run.output_dir={tempfile.mkdtemp()}",
@@ -54,7 +54,9 @@ def child(lora: bool) -> None:
             {
                 "lora": lora,
                 "rss_after_build_mb": round(built),
-                "peak_rss_after_one_step_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+                "peak_rss_after_one_step_mb": round(
+                    resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+                ),
                 "trainable_params": sum(p.numel() for p in tr.model.parameters() if p.requires_grad),
                 "reference_is_a_copy": tr.ref_model is not tr.model,
             }

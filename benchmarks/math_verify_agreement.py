@@ -38,7 +38,7 @@ def real_answers(runs: Path) -> list[tuple[str | None, str]]:
     from flowgrpo.components import env_factory_of
     from flowgrpo.config import EnvConfig
     from flowgrpo.rewards.base import final_answer
-    from flowgrpo.store import read_trajectories
+    from flowgrpo.runs.store import read_trajectories
 
     env = env_factory_of(EnvConfig(name="arithmetic"))()
     gold = {t.id: t.answer for split in ("train", "test") for t in env.tasks(split)}

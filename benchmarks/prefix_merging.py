@@ -2,7 +2,7 @@
 
 A multi-turn episode's turn ``k`` is sampled from the context ``prompt + (action, observation)*k``.
 One row per turn re-encodes that whole context for every turn; a packed row
-(:func:`flowgrpo.batching.build_rows`, ``pack=True``) holds the episode once and scores every
+(:func:`flowgrpo.training.batching.build_rows`, ``pack=True``) holds the episode once and scores every
 action in one causal pass, with the same per-token loss. This script builds synthetic trajectories
 from :mod:`flowgrpo.types` with realistic per-turn sizes (a 150-token system+question prompt,
 40-token actions, 20-token observations including the chat template's delimiters), runs both
@@ -74,7 +74,7 @@ def synthetic_trajectory(
 def layout_costs(turns: int, group: int = 8, **sizes: int) -> dict[str, Any]:
     """Rows, tokens and training FLOPs of ``group`` episodes of ``turns`` turns, packed vs per turn."""
     from benchmarks.update_mfu import ModelShape, train_flops
-    from flowgrpo.batching import build_rows
+    from flowgrpo.training.batching import build_rows
 
     trajs = [synthetic_trajectory(turns, seed=i, **sizes) for i in range(group)]
     shape = ModelShape(**SMOLLM2_SHAPE)
@@ -97,9 +97,9 @@ def measure_layouts(
     turns: int, group: int, model: Any, *, autocast: str | None, reps: int = 2, token_budget: int = 4096
 ) -> dict[str, float]:
     """Median seconds of forward+backward over all micro-batches, packed vs per turn."""
-    from flowgrpo.batching import build_rows, micro_batches
-    from flowgrpo.logprobs import action_logprobs
-    from flowgrpo.loss import policy_loss
+    from flowgrpo.algorithms.loss import policy_loss
+    from flowgrpo.modeling.logprobs import action_logprobs
+    from flowgrpo.training.batching import build_rows, micro_batches
 
     trajs = [synthetic_trajectory(turns, seed=i, vocab=model.config.vocab_size) for i in range(group)]
     res = {}

@@ -38,14 +38,14 @@ import time
 
 import torch
 
-from flowgrpo.backends.base import SamplingParams
-from flowgrpo.backends.hf import HFBackend
-from flowgrpo.chat import ChatFormat
+from flowgrpo.chat.format import ChatFormat
 from flowgrpo.env import BaseEnvironment, StepResult
-from flowgrpo.hardware import resolve_autocast
-from flowgrpo.logprobs import autocast_context
-from flowgrpo.models import load_model, tiny_model
-from flowgrpo.rollout import RolloutConfig, RolloutEngine
+from flowgrpo.modeling.hardware import resolve_autocast
+from flowgrpo.modeling.logprobs import autocast_context
+from flowgrpo.modeling.models import load_model, tiny_model
+from flowgrpo.rollout.backends.base import SamplingParams
+from flowgrpo.rollout.backends.hf import HFBackend
+from flowgrpo.rollout.engine import RolloutConfig, RolloutEngine
 from flowgrpo.types import Message, ParsedAction, Task
 
 # bf16 autocast only where bf16 matmuls are native (AVX512-BF16/AMX/CUDA); fp32 elsewhere, on both sides.

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.learning import warm_key
-from flowgrpo.evaluation import EvalResult, compare
-from flowgrpo.rundir import RunDir
+from flowgrpo.runs.evaluation import EvalResult, compare
+from flowgrpo.runs.rundir import RunDir
 
 
 def load_arms(root: Path, names: list[str]) -> list[dict[str, Any]]:
@@ -90,10 +90,15 @@ def plot(arms: list[dict[str, Any]], path: Path) -> None:
         for a in mine:
             x = [c["train_min"] for c in a["curve"]]
             y = [c["accuracy"] for c in a["curve"]]
-            err = [[c["accuracy"] - c["ci95"][0] for c in a["curve"]], [c["ci95"][1] - c["accuracy"] for c in a["curve"]]]
+            err = [
+                [c["accuracy"] - c["ci95"][0] for c in a["curve"]],
+                [c["ci95"][1] - c["accuracy"] for c in a["curve"]],
+            ]
             ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=a["name"], alpha=0.8)
         env = mine[0]["env"]
-        kwargs = ", ".join(f"{k}={v}" for k, v in sorted(env["kwargs"].items()) if k not in ("seed", "num_test"))
+        kwargs = ", ".join(
+            f"{k}={v}" for k, v in sorted(env["kwargs"].items()) if k not in ("seed", "num_test")
+        )
         ax.set_title(f"{env['name']} {kwargs}: {mine[0]['final']['n']} held-out tasks, greedy", fontsize=10)
         ax.set_xlabel("training minutes (rollout + update)")
         ax.set_ylabel("held-out accuracy (95% Wilson interval)")
@@ -110,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("names", nargs="*", help="arm names (default: every arm under --root)")
     ap.add_argument("--root", default="runs/arms")
     ap.add_argument("--plot", type=Path, help="write a PNG of the curves here")
-    ap.add_argument("--versus", metavar="NAME", help="also compare every arm's final evaluation with this arm's")
+    ap.add_argument(
+        "--versus", metavar="NAME", help="also compare every arm's final evaluation with this arm's"
+    )
     args = ap.parse_args(argv)
     root = Path(args.root)
     arms = load_arms(root, args.names)

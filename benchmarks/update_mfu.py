@@ -1,8 +1,8 @@
 """Model FLOPs utilisation (MFU) of the update step: achieved FLOP/s of forward + backward on packed
 rows, against this machine's bf16 matmul peak measured in the same run.
 
-What is timed: :func:`flowgrpo.logprobs.action_logprobs` (or, for comparison, full-vocabulary logits)
-+ :func:`flowgrpo.loss.policy_loss` + ``backward()`` on rows shaped like packed multi-turn episodes
+What is timed: :func:`flowgrpo.modeling.logprobs.action_logprobs` (or, for comparison, full-vocabulary logits)
++ :func:`flowgrpo.algorithms.loss.policy_loss` + ``backward()`` on rows shaped like packed multi-turn episodes
 (a 150-token system+question prompt, then 40-token actions each followed by a 20-token observation,
 repeated to the row length; about 2/3 of the tokens after the prompt are action tokens). The AdamW
 step is timed separately (it is memory-bound, not matmul work) and reported next to it.
@@ -70,7 +70,7 @@ class ModelShape:
     def of(cls, model: Any) -> ModelShape:
         import torch
 
-        from flowgrpo.logprobs import split_model
+        from flowgrpo.modeling.logprobs import split_model
 
         c = model.config
         backbone, _ = split_model(model)
@@ -119,7 +119,7 @@ def full_logits_logprobs(model: Any, ids: Any, autocast_dtype: str | None) -> An
     """Logprobs of every next token from the model's own full-vocabulary logits (the usual way)."""
     import torch
 
-    from flowgrpo.logprobs import autocast_context
+    from flowgrpo.modeling.logprobs import autocast_context
 
     with autocast_context(autocast_dtype, ids.device.type):
         logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()  # (B, T-1, V)
@@ -160,8 +160,8 @@ def measure(
     """Time ``reps`` forward+backward passes (after one warm-up) of one configuration."""
     import torch
 
-    from flowgrpo.logprobs import action_logprobs
-    from flowgrpo.loss import policy_loss
+    from flowgrpo.algorithms.loss import policy_loss
+    from flowgrpo.modeling.logprobs import action_logprobs
 
     prev_threads = torch.get_num_threads()
     n_threads = set_threads(threads) if threads else prev_threads

@@ -16,12 +16,12 @@ import argparse
 import json
 import time
 
-from flowgrpo.aio import run_sync
+from flowgrpo.algorithms.stats import wilson_interval
 from flowgrpo.env import make
 from flowgrpo.rewards import VerifierReward
-from flowgrpo.stats import wilson_interval
-from flowgrpo.store import read_trajectories
+from flowgrpo.runs.store import read_trajectories
 from flowgrpo.types import TrajectoryGroup
+from flowgrpo.utils.aio import run_sync
 
 
 def auc(pos: list[float], neg: list[float]) -> float:

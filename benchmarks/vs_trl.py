@@ -2,7 +2,7 @@
 on the identical task, both sides in one run, alternating.
 
 What is identical on both sides
-- the model object: ``flowgrpo.models.load_model("smollm2-135m")`` (the embedded SmolLM2-135M-Instruct;
+- the model object: ``flowgrpo.modeling.models.load_model("smollm2-135m")`` (the embedded SmolLM2-135M-Instruct;
   TRL takes the model object and the tokenizer as ``processing_class``; nothing comes from a hub);
 - the prompts (arithmetic word problems from ``flowgrpo.envs.arithmetic``, the same tasks in the
   same order: step ``i`` uses tasks ``2i`` and ``2i+1``), rendered by the same chat template;
@@ -32,14 +32,14 @@ Multi-turn (``--task multi``): TRL's tool-calling path (``tools=[calculator]``, 
 renders tools -- TRL's own ``qwen2_5`` template, which uses SmolLM2's ``<|im_start|>``/``<|im_end|>``
 tokens -- up to 3 tool-calling iterations, ``max_completion_length=128`` for the whole completion
 including tool results) vs flowgrpo's ``arithmetic`` environment with the same calculator, the
-same template (rendered natively by :class:`flowgrpo.chat.ChatFormat`), up to 4 turns of up to 128
+same template (rendered natively by :class:`flowgrpo.chat.format.ChatFormat`), up to 4 turns of up to 128
 tokens each and a context limit of the longest prompt + 128 tokens, so our token budget per episode
 is at least TRL's.
 
-Our step (``FlowGRPOSide.step``) is one ``flowgrpo.trainer.Trainer.train_step()``: rollout of the
-groups with :class:`~flowgrpo.backends.hf.HFBackend` through :class:`~flowgrpo.rollout.RolloutEngine`,
-rewards, ``flow_grpo`` advantages, packed rows, :func:`~flowgrpo.logprobs.action_logprobs` +
-:func:`~flowgrpo.loss.policy_loss`, backward, clip, AdamW step, metrics and the step's trajectories
+Our step (``FlowGRPOSide.step``) is one ``flowgrpo.training.trainer.Trainer.train_step()``: rollout of the
+groups with :class:`~flowgrpo.rollout.backends.hf.HFBackend` through :class:`~flowgrpo.rollout.engine.RolloutEngine`,
+rewards, ``flow_grpo`` advantages, packed rows, :func:`~flowgrpo.modeling.logprobs.action_logprobs` +
+:func:`~flowgrpo.algorithms.loss.policy_loss`, backward, clip, AdamW step, metrics and the step's trajectories
 written to JSONL. Settings matched to TRL: ``clip_high=0.2`` (TRL's ``epsilon_high`` defaults to
 ``epsilon``), ``kl_coef=0`` (no reference model), ``tis="off"``, a constant learning rate, and
 ``drop_zero_variance_groups=False`` -- our default skips the update for groups whose rewards are all
@@ -174,7 +174,7 @@ class _FixedOrder:
         return out
 
     def observe(self, groups: Any) -> None:
-        """The fixed order ignores outcomes (flowgrpo.curriculum.TaskSampler)."""
+        """The fixed order ignores outcomes (flowgrpo.algorithms.curriculum.TaskSampler)."""
 
     def set_tasks(self, tasks: list[Any], stage: int) -> None:
         raise ValueError("the benchmark's fixed task order has no difficulty stages (curriculum.difficulty)")
@@ -188,8 +188,8 @@ class _FixedOrder:
 
 def train_config(cfg: BenchConfig, tasks: list[Any], tokenizer: Any, out_dir: str) -> Any:
     """flowgrpo's :class:`~flowgrpo.config.TrainConfig` for ``cfg``, matched to TRL's settings."""
-    from flowgrpo.backends.base import SamplingParams
     from flowgrpo.config import TrainConfig
+    from flowgrpo.rollout.backends.base import SamplingParams
 
     sampling = SamplingParams(temperature=cfg.temperature, top_p=1.0, top_k=0, seed=cfg.seed)
     if cfg.task == "single":
@@ -243,7 +243,7 @@ def train_config(cfg: BenchConfig, tasks: list[Any], tokenizer: Any, out_dir: st
 
 def prompt_ids(cfg: BenchConfig, tokenizer: Any, task: Any) -> list[int]:
     """Our rendering of a task's opening prompt (to size the multi-turn context budget)."""
-    from flowgrpo.chat import ChatFormat
+    from flowgrpo.chat.format import ChatFormat
     from flowgrpo.types import Message
 
     env = make_env(cfg)
@@ -252,13 +252,13 @@ def prompt_ids(cfg: BenchConfig, tokenizer: Any, task: Any) -> list[int]:
 
 
 class FlowGRPOSide:
-    """flowgrpo's :class:`~flowgrpo.trainer.Trainer` on ``cfg``'s task; :meth:`step` is one
+    """flowgrpo's :class:`~flowgrpo.training.trainer.Trainer` on ``cfg``'s task; :meth:`step` is one
     ``Trainer.train_step()`` (rollout, rewards, advantages, packed rows, update, metrics and the
     step's trajectories written to JSONL, as in a real run; no checkpoint, like TRL's
     ``save_strategy="no"``)."""
 
     def __init__(self, model: Any, tokenizer: Any, cfg: BenchConfig, tasks: list[Any], out_dir: str) -> None:
-        from flowgrpo.trainer import Trainer
+        from flowgrpo.training.trainer import Trainer
 
         self.cfg = cfg
         tc = train_config(cfg, tasks, tokenizer, out_dir)
@@ -355,7 +355,7 @@ def trl_calculator():
 
 def trl_reward(tasks: list[Any]):
     """TRL reward function: flowgrpo's accuracy on the final ``<answer>`` of the completion."""
-    from flowgrpo.parsing import extract_answer
+    from flowgrpo.chat.parsing import extract_answer
     from flowgrpo.rewards import AccuracyReward
 
     acc = AccuracyReward()

@@ -235,7 +235,12 @@ class ArithmeticEnv(ToolEnv):
             raise ValueError(
                 f"difficulty must be one of {sorted(LEVELS)} or a non-empty list of them, got {difficulty}"
             )
-        overrides = {"num_ops": num_ops, "max_number": max_number, "max_value": max_value, "max_factor": max_factor}
+        overrides = {
+            "num_ops": num_ops,
+            "max_number": max_number,
+            "max_value": max_value,
+            "max_factor": max_factor,
+        }
         levels: dict[int, dict[str, Any]] = {}
         for d in wanted:
             level = dict(LEVELS[d])

@@ -13,8 +13,8 @@ from typing import Any
 
 from langchain_core.tools import tool as lc_tool
 
+from flowgrpo.chat.parsing import HermesParser
 from flowgrpo.env import Split, Task, ToolEnv, render_tool_call, tool_results
-from flowgrpo.parsing import HermesParser
 from flowgrpo.tool import ToolError, execute_tool_calls, from_langchain, tool
 from flowgrpo.types import Message
 
@@ -47,7 +47,7 @@ async def demo_tools() -> None:
     parser = HermesParser()
     print("System-prompt text for models whose chat template ignores tools:\n")
     print(parser.format_instructions(tools), "\n")
-    # In training, this text is sampled by the policy inside RolloutEngine (flowgrpo.rollout), and the
+    # In training, this text is sampled by the policy inside RolloutEngine (flowgrpo.rollout.engine), and the
     # environment's step() runs execute_tool_calls; here we play the policy by hand.
     action = parser.parse(
         "I will compute both.\n"
@@ -101,7 +101,7 @@ def rollouts(
     """The scripted policy and the model, each through the rollout engine, scored by the trainer's rewards."""
     from flowgrpo.components import build
     from flowgrpo.config import load_config
-    from flowgrpo.rollout import RolloutEngine, run_text_policy
+    from flowgrpo.rollout.engine import RolloutEngine, run_text_policy
 
     cfg = load_config(
         None,

@@ -10,7 +10,7 @@ tool, and the script then
    what a supervised warm start trains on),
 2. runs the policy model itself through ``RolloutEngine`` (groups of sampled episodes), scored by
    the same rewards the trainer uses,
-3. with ``--train-steps N``, trains on the environment with :class:`~flowgrpo.trainer.Trainer`
+3. with ``--train-steps N``, trains on the environment with :class:`~flowgrpo.training.trainer.Trainer`
    (registered by name, so a YAML config could say ``env: {name: unit_convert}`` too).
 
 Run:  python examples/langchain_tool.py                      # tiny random model, seconds
@@ -157,8 +157,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from flowgrpo.components import build
     from flowgrpo.config import load_config
-    from flowgrpo.metrics import rollout_stats
-    from flowgrpo.rollout import RolloutEngine, run_text_policy
+    from flowgrpo.rollout.engine import RolloutEngine, run_text_policy
+    from flowgrpo.runs.metrics import rollout_stats
 
     env = UnitConvertEnv()
     # protocol, splits, tool schemas, oracle: fails loudly with what to fix
@@ -204,7 +204,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     # 1. The oracle through the text-policy path: token-exact demonstrations (no generation, so a
     #    generous per-turn limit costs nothing and never truncates a demonstration).
-    demos = run_text_policy(parts.env_factory, tasks, None, tok, cfg.model_copy(update={"max_new_tokens": 256}))
+    demos = run_text_policy(
+        parts.env_factory, tasks, None, tok, cfg.model_copy(update={"max_new_tokens": 256})
+    )
     reward.score_groups(demos)
     d = demos[0].trajectories[0]
     print(
@@ -225,7 +227,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {"demos": demos, "groups": groups, "stats": stats}
     # 3. Optional: train on the environment (by its registered name).
     if args.train_steps:
-        from flowgrpo.trainer import Trainer
+        from flowgrpo.training.trainer import Trainer
 
         trainer = Trainer(tcfg, parts)
         result["train"] = trainer.train()

@@ -64,7 +64,7 @@ def add_replay_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_replay(args: argparse.Namespace) -> int:
-    from flowgrpo.replay import cli_replay
+    from flowgrpo.runs.replay import cli_replay
 
     return cli_replay(args)
 
@@ -93,7 +93,7 @@ def add_report_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_report(args: argparse.Namespace) -> int:
-    from flowgrpo.report import cli_report
+    from flowgrpo.runs.report import cli_report
 
     return cli_report(args)
 
@@ -170,7 +170,7 @@ def _load(config: str, overrides: list[str]):
     from pathlib import Path
 
     from flowgrpo.config import ConfigError, load_config
-    from flowgrpo.rundir import RunDir, RunError
+    from flowgrpo.runs.rundir import RunDir, RunError
 
     path = Path(config)
     try:
@@ -242,18 +242,18 @@ def _run_train(args: argparse.Namespace) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     if args.update_only is not None:
-        from flowgrpo.debug import update_only
+        from flowgrpo.training.debug import update_only
 
         print(update_only(args.update_only, args.step, args.overrides).summary())
         return 0
     cfg = _load(args.config, args.overrides)
     if args.rollout_only:
-        from flowgrpo.debug import rollout_only
-        from flowgrpo.trainer import Trainer
+        from flowgrpo.training.debug import rollout_only
+        from flowgrpo.training.trainer import Trainer
 
         print(rollout_only(Trainer(cfg)).summary())
         return 0
-    from flowgrpo.pipeline import train_and_evaluate
+    from flowgrpo.training.pipeline import train_and_evaluate
 
     out = train_and_evaluate(
         cfg, eval_n=args.eval_n or None, untrained_n=args.untrained_n, report=not args.no_report
@@ -292,8 +292,8 @@ def add_eval_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_eval(args: argparse.Namespace) -> int:
-    from flowgrpo.export import exported_config, is_run_dir
-    from flowgrpo.pipeline import compare_checkpoints, evaluate_run
+    from flowgrpo.runs.export import exported_config, is_run_dir
+    from flowgrpo.training.pipeline import compare_checkpoints, evaluate_run
 
     if _is_model_dir(args.config) and not is_run_dir(args.config):
         # an exported (or any local HF) model directory: its own flowgrpo.yaml, or the defaults
@@ -361,7 +361,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from flowgrpo.serve import main as serve_main
+    from flowgrpo.serving.serve import main as serve_main
 
     return serve_main(
         args.model,
@@ -390,7 +390,7 @@ def add_export_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_export(args: argparse.Namespace) -> int:
-    from flowgrpo.export import export_checkpoint, is_run_dir
+    from flowgrpo.runs.export import export_checkpoint, is_run_dir
 
     if not is_run_dir(args.run):
         print(f"error: {args.run} is not a run directory (no config.yaml and checkpoints/)", file=sys.stderr)
@@ -411,10 +411,10 @@ _DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQU
 
 def _user_error(e: Exception) -> bool:
     """Errors whose message says how to fix the input: printed as one line, exit 2 (no traceback)."""
-    from flowgrpo.checkpoint import CheckpointError
     from flowgrpo.config import ConfigError
-    from flowgrpo.models import ModelLoadError
-    from flowgrpo.rundir import RunError
+    from flowgrpo.modeling.models import ModelLoadError
+    from flowgrpo.runs.checkpoint import CheckpointError
+    from flowgrpo.runs.rundir import RunError
 
     return isinstance(e, (CheckpointError, ConfigError, ModelLoadError, RunError))
 

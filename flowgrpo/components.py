@@ -19,16 +19,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from flowgrpo.advantages import Estimator, get_estimator
-from flowgrpo.backends.base import RolloutBackend
-from flowgrpo.checkpoint import seed_everything
+from flowgrpo.algorithms.advantages import Estimator, get_estimator
+from flowgrpo.chat.parsing import ActionParser
 from flowgrpo.config import EnvConfig, TrainConfig
 from flowgrpo.env import Environment, Split
-from flowgrpo.hardware import resolve_autocast
-from flowgrpo.lora import apply_lora, is_lora
-from flowgrpo.parsing import ActionParser
-from flowgrpo.rollout import EpisodeAgent
+from flowgrpo.modeling.hardware import resolve_autocast
+from flowgrpo.modeling.lora import apply_lora, is_lora
+from flowgrpo.rollout.backends.base import RolloutBackend
+from flowgrpo.rollout.engine import EpisodeAgent
 from flowgrpo.types import Task, TrajectoryGroup
+from flowgrpo.utils.seeding import seed_everything
 
 
 @runtime_checkable
@@ -112,9 +112,11 @@ def build(
         backend = make_backend(cfg, model, tokenizer, autocast)
     agent = None
     if cfg.agent.kind == "flow":
-        from flowgrpo.agentflow import build_flow_agent
+        from flowgrpo.rollout.agentflow import build_flow_agent
 
-        agent = build_flow_agent(cfg.agent, policy=model, tokenizer=tokenizer, backend=backend, autocast=autocast)
+        agent = build_flow_agent(
+            cfg.agent, policy=model, tokenizer=tokenizer, backend=backend, autocast=autocast
+        )
     return Components(
         config=cfg,
         model=model,
@@ -140,7 +142,7 @@ def check_env_name(name: str) -> None:
     is not one of them."""
     from flowgrpo.config import ConfigError
     from flowgrpo.env import list_envs
-    from flowgrpo.plugins import is_spec
+    from flowgrpo.utils.plugins import is_spec
 
     known = list_envs()
     if name not in known and not is_spec(name):  # module:attr / file.py:attr load in env.make
@@ -162,7 +164,7 @@ def _make_env(name: str, kwargs: dict[str, Any]) -> Environment:
 def load_policy(cfg: TrainConfig) -> tuple[Any, Any]:
     """``(model, tokenizer)`` of ``model.name``: ``tiny`` (a small random model seeded by
     ``train.seed``), an embedded model, a local HF directory or a GGUF file."""
-    from flowgrpo import models
+    from flowgrpo.modeling import models
 
     if cfg.model.name == "tiny":
         return models.tiny_model(seed=cfg.train.seed)
@@ -183,11 +185,11 @@ def make_backend(cfg: TrainConfig, model: Any, tokenizer: Any, autocast: str | N
     """The rollout backend ``rollout.backend`` names, around the policy ``model``."""
     r = cfg.rollout
     if r.backend == "hf":
-        from flowgrpo.backends.hf import HFBackend
+        from flowgrpo.rollout.backends.hf import HFBackend
 
         return HFBackend(model, tokenizer, autocast_dtype=autocast)
     if r.backend == "openai":
-        from flowgrpo.backends.openai import OpenAIBackend
+        from flowgrpo.rollout.backends.openai import OpenAIBackend
 
         s = r.server
         assert s.base_url is not None  # RolloutConfig refuses openai without it
@@ -205,8 +207,8 @@ def make_backend(cfg: TrainConfig, model: Any, tokenizer: Any, autocast: str | N
             max_concurrency=s.max_concurrency,
             weight_sync_dir=s.weight_sync_dir,
         )
-    from flowgrpo.backends.vllm import VLLMBackend, import_vllm
-    from flowgrpo.models import local_model_dir
+    from flowgrpo.modeling.models import local_model_dir
+    from flowgrpo.rollout.backends.vllm import VLLMBackend, import_vllm
 
     import_vllm()  # a machine without vLLM says so before any model conversion
     v = r.vllm
@@ -220,4 +222,12 @@ def make_backend(cfg: TrainConfig, model: Any, tokenizer: Any, autocast: str | N
     return vllm_backend
 
 
-__all__ = ["Components", "GroupScorer", "build", "env_factory_of", "estimator_of", "load_policy", "make_backend"]
+__all__ = [
+    "Components",
+    "GroupScorer",
+    "build",
+    "env_factory_of",
+    "estimator_of",
+    "load_policy",
+    "make_backend",
+]

@@ -4,7 +4,7 @@
 
 Every section forbids unknown keys, so a typo is an error that names the closest valid key instead of
 a setting silently ignored. The configuration chooses functions (an estimator name from
-:data:`flowgrpo.advantages.ESTIMATORS`, a loss aggregation); the functions never read it.
+:data:`flowgrpo.algorithms.advantages.ESTIMATORS`, a loss aggregation); the functions never read it.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from flowgrpo.agentflow.config import AgentConfig
-from flowgrpo.curriculum import CurriculumConfig
-from flowgrpo.foreign_names import key_hint, value_hint
-from flowgrpo.lora import LoraSpec
+from flowgrpo.algorithms.curriculum import CurriculumConfig
+from flowgrpo.modeling.lora import LoraSpec
 from flowgrpo.rewards import RewardSpec
-from flowgrpo.rollout import RolloutConfig
+from flowgrpo.rollout.agentflow.config import AgentConfig
+from flowgrpo.rollout.engine import RolloutConfig
 from flowgrpo.types import Termination
+from flowgrpo.utils.foreign_names import key_hint, value_hint
 
 
 class ConfigError(ValueError):
@@ -47,7 +47,8 @@ class ModelConfig(_Section):
     )
     device: str | None = None
     lora: LoraSpec | None = Field(
-        None, description="LoRA adapters through peft (r, alpha, target_modules, dropout); null = full fine-tuning"
+        None,
+        description="LoRA adapters through peft (r, alpha, target_modules, dropout); null = full fine-tuning",
     )
 
 
@@ -111,7 +112,7 @@ class OverlongConfig(_Section):
     )
 
 
-# the estimators whose trajectory score takes per-turn rewards (flowgrpo.advantages.discounted_score)
+# the estimators whose trajectory score takes per-turn rewards (flowgrpo.algorithms.advantages.discounted_score)
 TURN_DISCOUNT_ESTIMATORS = ("flow_grpo", "grpo_dr", "gigpo")
 
 
@@ -124,7 +125,7 @@ class AlgorithmConfig(_Section):
         "multi-turn GAE (the ppo section), the same clipped policy loss and KL",
     )
     ppo: PPOConfig = Field(default_factory=PPOConfig)
-    estimator: str = Field("flow_grpo", description="a name in flowgrpo.advantages.ESTIMATORS")
+    estimator: str = Field("flow_grpo", description="a name in flowgrpo.algorithms.advantages.ESTIMATORS")
     estimator_kwargs: dict[str, Any] = Field(default_factory=dict, description="e.g. {gamma: 0.95} for gigpo")
     clip_low: float = Field(0.2, ge=0.0, lt=1.0)
     clip_high: float = Field(0.28, ge=0.0, description="clip-higher (DAPO): > clip_low favours exploration")
@@ -213,7 +214,7 @@ class AlgorithmConfig(_Section):
     @field_validator("estimator")
     @classmethod
     def _known_estimator(cls, v: str) -> str:
-        from flowgrpo.advantages import get_estimator
+        from flowgrpo.algorithms.advantages import get_estimator
 
         get_estimator(v)  # raises with the list of valid names
         return v
@@ -465,7 +466,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         last = path[-1]
         if isinstance(node, list):
             k = _list_index(node, last, text, ".".join(path[:-1]), last=True)
-            node[k:k + 1] = [value]
+            node[k : k + 1] = [value]
         else:
             node[last] = value
     return data

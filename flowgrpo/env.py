@@ -38,11 +38,11 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flowgrpo.aio import run_sync
-from flowgrpo.parsing import ActionParser, HermesParser
-from flowgrpo.plugins import is_spec, load_object
+from flowgrpo.chat.parsing import ActionParser, HermesParser
 from flowgrpo.tool import Tool, execute_tool_calls, to_openai_schema
 from flowgrpo.types import Message, ParsedAction, Task, ToolCall
+from flowgrpo.utils.aio import run_sync
+from flowgrpo.utils.plugins import is_spec, load_object
 
 log = logging.getLogger(__name__)
 
@@ -353,7 +353,16 @@ def render_tool_call(name: str, arguments: Mapping[str, Any]) -> str:
 
 
 _ENV_MEMBERS = (
-    "name", "tools", "parser", "system_prompt", "tool_timeout_s", "spec", "reset", "step", "tasks", "oracle"
+    "name",
+    "tools",
+    "parser",
+    "system_prompt",
+    "tool_timeout_s",
+    "spec",
+    "reset",
+    "step",
+    "tasks",
+    "oracle",
 )
 
 
@@ -491,7 +500,9 @@ async def acheck_environment(
                 problems.append(f"{where}: reset() must return a non-empty list[Message]")
                 continue
             if msgs[-1].role != "user":
-                problems.append(f"{where}: reset() must end with the user message, got role {msgs[-1].role!r}")
+                problems.append(
+                    f"{where}: reset() must end with the user message, got role {msgs[-1].role!r}"
+                )
             if msgs[0].role == "system" and msgs[0].content != env.system_prompt:
                 warnings.append(f"{where}: the system message differs from env.system_prompt")
             # a plain message: some feedback, not an end
@@ -513,11 +524,15 @@ async def acheck_environment(
                 )
                 ok = _check_step_result(r, f"{where} parse-error step", problems)
                 if ok and not _ended(r) and not any("bad JSON" in m.content for m in r.observations):
-                    problems.append(f"{where}: ParsedAction.errors must be shown to the model as observations")
+                    problems.append(
+                        f"{where}: ParsedAction.errors must be shown to the model as observations"
+                    )
             # a bad tool call becomes an error observation bound to its call id
             if env.tools and not _ended(r):
                 call = ToolCall(name=env.tools[0].name, arguments={"__no_such_argument__": 1})
-                r = await env.step(ParsedAction(message=Message(role="assistant", content="", tool_calls=[call])))
+                r = await env.step(
+                    ParsedAction(message=Message(role="assistant", content="", tool_calls=[call]))
+                )
                 ok = _check_step_result(r, f"{where} bad-call step", problems)
                 if (
                     ok
@@ -539,10 +554,14 @@ async def acheck_environment(
             if not _ended(r):
                 ans = task.answer if task.answer is not None else "x"
                 r = await env.step(
-                    ParsedAction(message=Message(role="assistant", content=f"<answer>{ans}</answer>"), answer=ans)
+                    ParsedAction(
+                        message=Message(role="assistant", content=f"<answer>{ans}</answer>"), answer=ans
+                    )
                 )
                 if _check_step_result(r, f"{where} answer step", problems) and not _ended(r):
-                    problems.append(f"{where}: an action with an answer must end the episode (terminated=True)")
+                    problems.append(
+                        f"{where}: an action with an answer must end the episode (terminated=True)"
+                    )
             elif isinstance(r, StepResult) and r.truncated and not r.terminated:
                 warnings.append(f"{where}: the episode was truncated before the answer step; not checked")
             try:

@@ -35,10 +35,10 @@ from typing import Any, Protocol, get_type_hints, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from flowgrpo.aio import run_in_thread, run_sync
-from flowgrpo.plugins import build as build_plugin
-from flowgrpo.plugins import is_spec, load_object
 from flowgrpo.types import Message, ToolCall
+from flowgrpo.utils.aio import run_in_thread, run_sync
+from flowgrpo.utils.plugins import build as build_plugin
+from flowgrpo.utils.plugins import is_spec, load_object
 
 ENTRY_POINT_GROUP = "flowgrpo.tools"
 
@@ -241,7 +241,7 @@ def parse_google_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
 class FunctionTool:
     """A :class:`Tool` around a plain function (what ``@tool`` returns).
 
-    A sync function runs in a daemon thread of its own (:func:`flowgrpo.aio.run_in_thread`) so a
+    A sync function runs in a daemon thread of its own (:func:`flowgrpo.utils.aio.run_in_thread`) so a
     slow tool never blocks the event loop on which other episodes are generating, and one that
     overruns its timeout is abandoned: the episode moves on with a timeout observation, and the
     loop's shutdown and the process's exit do not wait for it (``asyncio.to_thread`` would hold

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from flowgrpo.advantages import (
+from flowgrpo.algorithms.advantages import (
     ESTIMATORS,
     compute_advantages,
     discounted_returns,
@@ -275,7 +275,7 @@ def test_is_zero_variance_ignores_excluded():
 
 
 def test_rollout_stats_count_excluded():
-    from flowgrpo.metrics import rollout_stats
+    from flowgrpo.runs.metrics import rollout_stats
 
     g = group(
         traj(1.0, [turn([1], [2])]),

@@ -8,17 +8,25 @@ import asyncio
 import pytest
 import torch
 
-from flowgrpo.agentflow import AgentConfig, FlowAgent, Memory, ModuleReply, Prompts, parse_plan, parse_verdict
-from flowgrpo.backends.base import GenerationResult
-from flowgrpo.batching import build_rows
-from flowgrpo.chat import ChatFormat
+from flowgrpo.chat.format import ChatFormat
 from flowgrpo.config import ConfigError, TrainConfig, load_config
 from flowgrpo.env import make
-from flowgrpo.models import tiny_tokenizer
-from flowgrpo.replay import format_trajectory
-from flowgrpo.report import trajectory_html
+from flowgrpo.modeling.models import tiny_tokenizer
 from flowgrpo.rewards import CompositeReward, RewardSpec
-from flowgrpo.rollout import RolloutConfig
+from flowgrpo.rollout.agentflow import (
+    AgentConfig,
+    FlowAgent,
+    Memory,
+    ModuleReply,
+    Prompts,
+    parse_plan,
+    parse_verdict,
+)
+from flowgrpo.rollout.backends.base import GenerationResult
+from flowgrpo.rollout.engine import RolloutConfig
+from flowgrpo.runs.replay import format_trajectory
+from flowgrpo.runs.report import trajectory_html
+from flowgrpo.training.batching import build_rows
 from flowgrpo.types import Termination, Trajectory, TrajectoryGroup
 
 
@@ -211,7 +219,7 @@ def test_prompt_override_reaches_the_module():
 
 def test_tiny_model_one_rl_step_trains_only_planner_tokens(tmp_path):
     """rollout -> reward -> advantages -> update with the tiny model; every module is the policy."""
-    from flowgrpo.trainer import Trainer
+    from flowgrpo.training.trainer import Trainer
 
     cfg = load_config(
         None,
@@ -259,7 +267,7 @@ def test_tiny_model_one_rl_step_trains_only_planner_tokens(tmp_path):
 def test_embedded_model_flow_rl_step(tmp_path, env_name):
     """SmolLM2-135M as planner (trained) and as executor, verifier and generator (the policy under
     no_grad): rollout -> reward -> advantages -> update, then replay shows every module."""
-    from flowgrpo.trainer import Trainer
+    from flowgrpo.training.trainer import Trainer
 
     cfg = load_config(
         None,
@@ -285,7 +293,7 @@ def test_embedded_model_flow_rl_step(tmp_path, env_name):
     )
     trainer = Trainer(cfg)
     m = trainer.train_step()
-    from flowgrpo.store import read_trajectories
+    from flowgrpo.runs.store import read_trajectories
 
     trajs = [t for f in sorted((tmp_path / "trajectories").glob("*.jsonl")) for t in read_trajectories(f)]
     assert len(trajs) == 2 and all(t.termination != Termination.error for t in trajs)
@@ -301,7 +309,8 @@ def test_oracle_demonstrates_the_flow_format(env_name):
     """The warm start of the flow agent: the environment's oracle scripts every module of real flow
     episodes; planner turns are exact-token trajectories, the policy-served modules' replies become
     one-turn trajectories whose prompts end with the module's prefix."""
-    from flowgrpo import components, sft
+    from flowgrpo import components
+    from flowgrpo.training import sft
 
     cfg = load_config(
         None,
@@ -337,7 +346,9 @@ def test_oracle_demonstrates_the_flow_format(env_name):
     assert "generator" not in {r.metadata["module"] for r in rows}
     for r in rows:
         [turn] = r.turns
-        prefix = Prompts().executor_prefix if r.metadata["module"] == "executor" else Prompts().verifier_prefix
+        prefix = (
+            Prompts().executor_prefix if r.metadata["module"] == "executor" else Prompts().verifier_prefix
+        )
         assert tok.decode(turn.prompt_ids).endswith("assistant\n" + prefix)
         assert prefix + tok.decode(turn.action_ids[:-1]) == turn.action.content
     assert rows[1].turns[0].action.content in ("Conclusion: STOP", "Conclusion: CONTINUE")

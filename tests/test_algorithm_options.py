@@ -45,8 +45,12 @@ def test_overlong_and_exclusion_config():
     cfg = load_config(None, ["rollout.max_turns=2", "rollout.max_new_tokens=64"])
     assert cfg.action_token_budget == 128 and cfg.algorithm.overlong.buffer_len == 0
     assert load_config(None, ["algorithm.overlong.max_tokens=300"]).action_token_budget == 300
-    with pytest.raises(ConfigError, match="buffer_len=128 must be smaller than the trajectory's action-token"):
-        load_config(None, ["rollout.max_turns=2", "rollout.max_new_tokens=64", "algorithm.overlong.buffer_len=128"])
+    with pytest.raises(
+        ConfigError, match="buffer_len=128 must be smaller than the trajectory's action-token"
+    ):
+        load_config(
+            None, ["rollout.max_turns=2", "rollout.max_new_tokens=64", "algorithm.overlong.buffer_len=128"]
+        )
     cfg = load_config(None, ["algorithm.exclude_terminations=[error, context_overflow]"])
     assert [t.value for t in cfg.algorithm.exclude_terminations] == ["error", "context_overflow"]
     with pytest.raises(ConfigError, match="exclude_terminations"):

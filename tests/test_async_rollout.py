@@ -10,12 +10,12 @@ import pytest
 import torch
 from test_trainer import EXACT, make_trainer, params
 
-from flowgrpo.async_rollout import AsyncRollout, ReplicaBackend, RolloutBatch, staleness_stats
-from flowgrpo.backends.base import SamplingParams
-from flowgrpo.backends.hf import HFBackend
 from flowgrpo.config import ConfigError, load_config
-from flowgrpo.models import tiny_model
-from flowgrpo.rundir import RunDir
+from flowgrpo.modeling.models import tiny_model
+from flowgrpo.rollout.backends.base import SamplingParams
+from flowgrpo.rollout.backends.hf import HFBackend
+from flowgrpo.runs.rundir import RunDir
+from flowgrpo.training.async_rollout import AsyncRollout, ReplicaBackend, RolloutBatch, staleness_stats
 from flowgrpo.types import Task, Trajectory, TrajectoryGroup
 
 
@@ -88,7 +88,11 @@ def test_trajectories_older_than_the_bound_are_dropped():
     m = staleness_stats([g], step=5, staleness=2)
     assert [t.excluded is None for t in trajs] == [True, True, False]
     assert "3 behind step 5" in trajs[2].excluded
-    assert m == {"async/staleness_mean": (0 + 1 + 3) / 3, "async/staleness_max": 3.0, "async/stale_dropped": 1.0}
+    assert m == {
+        "async/staleness_mean": (0 + 1 + 3) / 3,
+        "async/staleness_max": 3.0,
+        "async/stale_dropped": 1.0,
+    }
 
 
 def test_async_training_samples_one_version_behind_and_saves_the_consumed_position(tmp_path):
@@ -101,7 +105,9 @@ def test_async_training_samples_one_version_behind_and_saves_the_consumed_positi
         versions = {t.policy_version for t in rd.trajectories(step + 1)}
         assert versions <= {max(step - 1, 0), step}, (step, versions)
     rows = [m.values for m in rd.metrics() if "async/staleness_max" in m.values]
-    assert len(rows) == 4 and all(r["async/staleness_max"] <= 1 and r["async/stale_dropped"] == 0 for r in rows)
+    assert len(rows) == 4 and all(
+        r["async/staleness_max"] <= 1 and r["async/stale_dropped"] == 0 for r in rows
+    )
     # the checkpoint's task position is that of the batches trained on (4 x 4 tasks), as a sync run's
     sync = make_trainer(tmp_path, *common, name="sync")
     sync.train()

@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from flowgrpo.backends.base import RolloutBackend, SamplingParams
-from flowgrpo.backends.hf import HFBackend, process_logits
-from flowgrpo.models import tiny_model
+from flowgrpo.modeling.models import tiny_model
+from flowgrpo.rollout.backends.base import RolloutBackend, SamplingParams
+from flowgrpo.rollout.backends.hf import HFBackend, process_logits
 
 PROMPTS = [[1, 40, 41, 42, 43, 44, 45], [1, 50, 51], [1, 60, 61, 62, 63]]  # different lengths: left padding
 
@@ -281,7 +281,7 @@ def test_changed_weights_invalidate_cached_prefixes(model_tok):
 
 
 def test_prefix_cache_is_lru_and_byte_bounded():
-    from flowgrpo.backends.hf import PrefixCache
+    from flowgrpo.rollout.backends.hf import PrefixCache
 
     def kv(n):  # one layer, 1 head, n tokens, dim 2, fp32: 16 * n bytes for k and v together
         return [(torch.zeros(1, n, 2), torch.zeros(1, n, 2))]
@@ -311,7 +311,7 @@ def test_a_failing_forward_fails_its_call_and_the_backend_recovers(model_tok):
 
 
 def test_inverse_cdf_sampling_follows_the_distribution():
-    from flowgrpo.backends.hf import _sample
+    from flowgrpo.rollout.backends.hf import _sample
 
     probs = torch.tensor([[0.5, 0.0, 0.3, 0.2], [0.0, 0.0, 0.0, 1.0]])
     logp = probs.log().expand(4000, 2, 4).reshape(8000, 4)  # rows alternate the two distributions

@@ -18,10 +18,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from flowgrpo.backends.base import RolloutBackend, SamplingParams
-from flowgrpo.backends.hf import HFBackend
-from flowgrpo.backends.vllm import VLLMBackend, VLLMUnavailableError
-from flowgrpo.models import tiny_model
+from flowgrpo.modeling.models import tiny_model
+from flowgrpo.rollout.backends.base import RolloutBackend, SamplingParams
+from flowgrpo.rollout.backends.hf import HFBackend
+from flowgrpo.rollout.backends.vllm import VLLMBackend, VLLMUnavailableError
 
 
 @dataclass
@@ -167,7 +167,7 @@ def test_without_vllm_a_model_path_gives_install_instructions():
 def test_real_vllm_engine_processed_logprobs(tmp_path):
     if importlib.util.find_spec("vllm") is None or not torch.cuda.is_available():
         pytest.skip("needs vLLM and a CUDA GPU")
-    from flowgrpo.models import load_model
+    from flowgrpo.modeling.models import load_model
 
     model, tok = load_model("smollm2-135m")
     model.save_pretrained(tmp_path)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flowgrpo.batching import build_rows, micro_batches
-from flowgrpo.logprobs import action_logprobs
-from flowgrpo.loss import policy_loss
-from flowgrpo.models import tiny_model
+from flowgrpo.algorithms.loss import policy_loss
+from flowgrpo.modeling.logprobs import action_logprobs
+from flowgrpo.modeling.models import tiny_model
+from flowgrpo.training.batching import build_rows, micro_batches
 from flowgrpo.types import Message, Trajectory, Turn
 
 

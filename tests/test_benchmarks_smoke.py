@@ -41,7 +41,7 @@ def test_train_flops_by_hand() -> None:
 
 
 def test_model_shape_counts_smollm2_like_linear_weights() -> None:
-    from flowgrpo.models import tiny_model
+    from flowgrpo.modeling.models import tiny_model
 
     model, _ = tiny_model(hidden_size=64, num_layers=2, num_heads=4)
     shape = ModelShape.of(model)
@@ -112,7 +112,7 @@ def test_trl_and_flowgrpo_children_multi_turn_tiny() -> None:
 
 def test_rollout_benchmark_runs_every_side_on_a_tiny_model(capsys) -> None:
     from benchmarks import rollout
-    from flowgrpo.models import tiny_model
+    from flowgrpo.modeling.models import tiny_model
 
     model, tok = tiny_model()
     rollout.bench_single(model, tok, n=3, new=5, reps=1)
@@ -130,7 +130,7 @@ def test_by_task_splits_recorded_evaluations_by_a_task_field(tmp_path, capsys) -
     from benchmarks.by_task import main
     from flowgrpo.components import env_factory_of
     from flowgrpo.config import dump_config, load_config
-    from flowgrpo.store import append_line, encode_record
+    from flowgrpo.runs.store import append_line, encode_record
     from flowgrpo.types import Message, Trajectory, Turn
 
     cfg = load_config(None, ["env.name=multihop", f"run.output_dir={tmp_path}"])
@@ -138,7 +138,9 @@ def test_by_task_splits_recorded_evaluations_by_a_task_field(tmp_path, capsys) -
     tasks = env_factory_of(cfg.env)().tasks("test")
     one = [t for t in tasks if t.metadata["hops"] == 1][:2]
     two = [t for t in tasks if t.metadata["hops"] == 2][:1]
-    turn = Turn(prompt_ids=[1], action_ids=[2], action_logprobs=[0.0], action=Message(role="assistant", content="x"))
+    turn = Turn(
+        prompt_ids=[1], action_ids=[2], action_logprobs=[0.0], action=Message(role="assistant", content="x")
+    )
     trajs = [
         Trajectory(task_id=t.id, turns=[turn] * k, reward_breakdown={"accuracy": acc})
         for t, k, acc in [(one[0], 2, 1.0), (one[1], 2, 0.0), (two[0], 3, 1.0)]
@@ -157,7 +159,7 @@ def test_sweep_tabulates_arms_and_plots_one_panel_per_warm_start(tmp_path, capsy
 
     from benchmarks.sweep import main
     from flowgrpo.config import dump_config, load_config
-    from flowgrpo.evaluation import EvalResult
+    from flowgrpo.runs.evaluation import EvalResult
 
     def arm(name: str, overrides: list[str], warm: float, after: float, p: float, solved: list[int]) -> None:
         record = {

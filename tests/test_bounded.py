@@ -1,4 +1,4 @@
-"""flowgrpo.bounded: pure functions under a time budget in a worker process killed on overrun."""
+"""flowgrpo.sandbox.bounded: pure functions under a time budget in a worker process killed on overrun."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from flowgrpo.bounded import BudgetExceeded, WorkerPool
+from flowgrpo.sandbox.bounded import BudgetExceeded, WorkerPool
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import time
 import pytest
 from flowgrpo.tools.calculator import Calculator, evaluate
 
-from flowgrpo.bounded import shared_pool
+from flowgrpo.sandbox.bounded import shared_pool
 from flowgrpo.tool import Tool, ToolError, invoke
 
 

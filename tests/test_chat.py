@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel
 
-from flowgrpo.chat import ChatFormat, ChatTemplateError
-from flowgrpo.models import tiny_tokenizer
+from flowgrpo.chat.format import ChatFormat, ChatTemplateError
+from flowgrpo.modeling.models import tiny_tokenizer
 from flowgrpo.types import Message
 
 # SmolLM2-135M-Instruct's template (copied from the model): default system prompt, no tools.

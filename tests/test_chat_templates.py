@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from flowgrpo.chat import ChatFormat, ChatTemplateError
-from flowgrpo.models import tiny_tokenizer
+from flowgrpo.chat.format import ChatFormat, ChatTemplateError
+from flowgrpo.modeling.models import tiny_tokenizer
 from flowgrpo.types import Message
 from tests.test_chat import _Calc, _Parser
 

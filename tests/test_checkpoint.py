@@ -7,14 +7,14 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from flowgrpo.checkpoint import (
+from flowgrpo.modeling.models import tiny_model
+from flowgrpo.runs.checkpoint import (
     CheckpointError,
     load_checkpoint,
     policy_state_dict,
     read_checkpoint,
     save_checkpoint,
 )
-from flowgrpo.models import tiny_model
 from tests.test_trainer import EXACT, make_trainer, one_thread, params  # noqa: F401  (autouse fixture)
 
 
@@ -56,7 +56,7 @@ def test_resume_after_a_warm_start_points_to_the_warm_reference_and_is_exact(tmp
                 p.mul_(1.01)
         return []
 
-    monkeypatch.setattr("flowgrpo.sft.warm_start", fake_warm_start)
+    monkeypatch.setattr("flowgrpo.training.sft.warm_start", fake_warm_start)
     common = (EXACT, "train.steps=2", "run.save_every=1", "sft.enabled=true")
     straight = make_trainer(tmp_path, *common, name="straight")
     straight.train()

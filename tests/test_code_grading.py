@@ -12,7 +12,7 @@ from test_code_sandbox import CAPS, run_unprivileged
 
 from flowgrpo.rewards import AccuracyReward
 from flowgrpo.rewards.code import grade_code
-from flowgrpo.sandbox import SandboxLimits, run_python
+from flowgrpo.sandbox.python import SandboxLimits, run_python
 from flowgrpo.types import Message, Task, Trajectory, Turn
 
 TESTS = "assert add(1234567, 7654321) == 8888888\nassert add(-5, 5) == 0\n"
@@ -179,7 +179,9 @@ def test_forged_verdicts_score_0(mode):
         [(CORRECT, None), (control, None)] + [(code, tests) for _, code, tests in ATTACKS], limits
     )
     assert grades[0].passed and grades[1].passed, grades[:2]
-    forged = {name: g.run.stderr[-500:] for (name, _, _), g in zip(ATTACKS, grades[2:], strict=True) if g.passed}
+    forged = {
+        name: g.run.stderr[-500:] for (name, _, _), g in zip(ATTACKS, grades[2:], strict=True) if g.passed
+    }
     assert not forged, forged
 
 
@@ -282,7 +284,7 @@ def test_every_bundled_solution_passes_and_a_wrong_answer_fails():
 AS_USER_GRADING = r"""
 import asyncio, json, os
 from flowgrpo.rewards.code import grade_code
-from flowgrpo.sandbox import SandboxLimits, sandbox_capabilities
+from flowgrpo.sandbox.python import SandboxLimits, sandbox_capabilities
 caps = sandbox_capabilities()
 report = {"uid": os.getuid(), "mode": caps.mode}
 async def go(mode):

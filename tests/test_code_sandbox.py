@@ -1,4 +1,4 @@
-"""The code sandbox (flowgrpo.sandbox, the `python` tool of tools/code.py): hostile code is contained,
+"""The code sandbox (flowgrpo.sandbox.python, the `python` tool of tools/code.py): hostile code is contained,
 as root and as an unprivileged user, in every isolation mode this host has; the tool still works."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import uuid
 import pytest
 from flowgrpo.tools.code import CodeTool, SandboxLimits, run_python, sandbox_capabilities
 
-from flowgrpo import cgroup
-from flowgrpo.sandbox import (
+from flowgrpo.sandbox import cgroup
+from flowgrpo.sandbox.python import (
     SandboxUnavailableError,
     arun_python,
     choose_isolation,
@@ -269,7 +269,7 @@ def test_cancelled_call_leaves_nothing():
 def test_sigkilled_trainer_leaves_nothing():
     marker = f"flowgrpo-kill-{uuid.uuid4().hex[:8]}"
     trainer = (
-        "from flowgrpo.sandbox import SandboxLimits, run_python\n"
+        "from flowgrpo.sandbox.python import SandboxLimits, run_python\n"
         f"run_python({_sleeper(marker)!r}, SandboxLimits(wall_s=30, isolation={CAPS.mode!r}, allow_weak_isolation=True))\n"
     )
     p = subprocess.Popen([sys.executable, "-c", trainer])
@@ -553,7 +553,7 @@ os.execve(sys.executable, [sys.executable, "-c", cfg["script"]], env)
 # Runs as the unprivileged uid: every mode's attacks and limits, reported as JSON.
 AS_USER = r"""
 import json, os, sys, uuid
-from flowgrpo.sandbox import SandboxLimits, SandboxUnavailableError, run_python, sandbox_capabilities
+from flowgrpo.sandbox.python import SandboxLimits, SandboxUnavailableError, run_python, sandbox_capabilities
 P = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
 caps = sandbox_capabilities()
 home = os.environ["HOME"]
@@ -601,8 +601,8 @@ print("REPORT " + json.dumps(report))
 def run_unprivileged(delegate_cgroup: bool, script: str | None = None) -> dict:
     """Run ``script`` (default: the attacks of AS_USER) as uid 65534 (see HARNESS); returns the dict
     it printed after ``REPORT ``."""
-    from flowgrpo import cgroup as cg
-    from flowgrpo.sandbox import _view
+    from flowgrpo.sandbox import cgroup as cg
+    from flowgrpo.sandbox.python import _view
 
     if os.geteuid() != 0 or not shutil.which("unshare"):
         pytest.skip("needs root and util-linux unshare to switch to an unprivileged uid for the test")

@@ -12,19 +12,19 @@ import pytest
 import torch
 from test_trainer import FirstTokenEnv, first_token_reward
 
-from flowgrpo.backends.base import RolloutBackend
-from flowgrpo.backends.hf import HFBackend
-from flowgrpo.backends.openai import OpenAIBackend
-from flowgrpo.backends.vllm import VLLMUnavailableError
 from flowgrpo.components import Components, build
 from flowgrpo.config import ConfigError, load_config
 from flowgrpo.env import Environment
-from flowgrpo.models import tiny_model, tiny_tokenizer
-from flowgrpo.pipeline import evaluate_run
+from flowgrpo.modeling.models import tiny_model, tiny_tokenizer
 from flowgrpo.rewards import CompositeReward, RewardSpec
-from flowgrpo.rundir import RunDir
-from flowgrpo.serve import make_server, serve_in_thread
-from flowgrpo.trainer import Trainer
+from flowgrpo.rollout.backends.base import RolloutBackend
+from flowgrpo.rollout.backends.hf import HFBackend
+from flowgrpo.rollout.backends.openai import OpenAIBackend
+from flowgrpo.rollout.backends.vllm import VLLMUnavailableError
+from flowgrpo.runs.rundir import RunDir
+from flowgrpo.serving.serve import make_server, serve_in_thread
+from flowgrpo.training.pipeline import evaluate_run
+from flowgrpo.training.trainer import Trainer
 
 
 def reward() -> CompositeReward:
@@ -109,7 +109,7 @@ def test_openai_backend_trains_and_evaluates_end_to_end(tmp_path, served, caplog
     tr = Trainer(cfg, env_factory=FirstTokenEnv, reward=reward())
     assert isinstance(tr.parts.backend, OpenAIBackend)
     before = {k: v.clone() for k, v in tr.model.state_dict().items()}
-    with caplog.at_level(logging.WARNING, logger="flowgrpo.backends.openai"):
+    with caplog.at_level(logging.WARNING, logger="flowgrpo.rollout.backends.openai"):
         out = tr.train()
     assert out["status"] == "finished" and tr.step == 2
     trajs = RunDir(cfg.run.output_dir).trajectories(1)
@@ -132,7 +132,7 @@ def test_evaluate_run_builds_no_trainer(tmp_path, monkeypatch):
     """``flowgrpo eval`` runs on the built parts with the checkpoint's weights: no optimizer and no
     reference copy."""
     cfg = config(tmp_path, "env.name=arithmetic", "rollout.max_new_tokens=4")
-    import flowgrpo.trainer as trainer_mod
+    import flowgrpo.training.trainer as trainer_mod
 
     def no_trainer(*a, **kw):
         raise AssertionError("evaluate_run must not build a Trainer")
@@ -156,7 +156,7 @@ def test_served_policy_receives_the_trainers_weights_and_reports_its_version(tmp
         "algorithm.tis=token",
     )
     tr = Trainer(cfg, env_factory=FirstTokenEnv, reward=reward())
-    with caplog.at_level(logging.WARNING, logger="flowgrpo.backends.openai"):
+    with caplog.at_level(logging.WARNING, logger="flowgrpo.rollout.backends.openai"):
         tr.train()
     assert "keeps its own weights" not in caplog.text
     assert served.policy_version == tr.parts.backend.policy_version == 3

@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from flowgrpo.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from flowgrpo.config import ConfigError, TrainConfig, dump_config, load_config, parse_override
-from flowgrpo.metrics import MetricsLogger
-from flowgrpo.rundir import RunDir
-from flowgrpo.trainer import TaskStream, lr_lambda
+from flowgrpo.runs.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from flowgrpo.runs.metrics import MetricsLogger
+from flowgrpo.runs.rundir import RunDir
+from flowgrpo.training.trainer import TaskStream, lr_lambda
 from flowgrpo.types import Task
 
 
@@ -69,9 +69,17 @@ def test_override_values_are_yaml():
 
 
 def test_list_overrides_index_append_and_say_what_went_wrong():
-    cfg = load_config("examples/search_agent.yaml", ["rewards.1.weight=0.2", "rewards.2={name: turn_cost, weight: 0.05}"])
-    assert [(r.name, r.weight) for r in cfg.rewards] == [("accuracy", 1.0), ("format", 0.2), ("turn_cost", 0.05)]
-    with pytest.raises(ConfigError, match=r"rewards is a list of 2 item\(s\): index it with 0..1; rewards.2=VALUE appends"):
+    cfg = load_config(
+        "examples/search_agent.yaml", ["rewards.1.weight=0.2", "rewards.2={name: turn_cost, weight: 0.05}"]
+    )
+    assert [(r.name, r.weight) for r in cfg.rewards] == [
+        ("accuracy", 1.0),
+        ("format", 0.2),
+        ("turn_cost", 0.05),
+    ]
+    with pytest.raises(
+        ConfigError, match=r"rewards is a list of 2 item\(s\): index it with 0..1; rewards.2=VALUE appends"
+    ):
         load_config("examples/search_agent.yaml", ["rewards.5={name: turn_cost}"])
     with pytest.raises(ConfigError, match=r"index it with 0..1, or set the whole list"):
         load_config("examples/search_agent.yaml", ["rewards.2.weight=1"])

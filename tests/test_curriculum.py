@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from flowgrpo.algorithms.curriculum import PassRateSampler, TaskStream, pass_rate_weight
 from flowgrpo.config import ConfigError, load_config
-from flowgrpo.curriculum import PassRateSampler, TaskStream, pass_rate_weight
 from flowgrpo.env import register
-from flowgrpo.rundir import RunDir
+from flowgrpo.runs.rundir import RunDir
 from flowgrpo.types import Task, Trajectory, TrajectoryGroup
 from tests.test_trainer import EXACT, FirstTokenEnv, make_trainer, one_thread, params  # noqa: F401
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from flowgrpo.cli import main
-from flowgrpo.debug import groups_of, rollout_only, update_only
-from flowgrpo.models import tiny_model, tiny_tokenizer
+from flowgrpo.modeling.models import tiny_model, tiny_tokenizer
 from flowgrpo.rewards import CompositeReward, RewardSpec
-from flowgrpo.rundir import RunDir, RunError
+from flowgrpo.runs.rundir import RunDir, RunError
+from flowgrpo.training.debug import groups_of, rollout_only, update_only
 from tests.test_trainer import EXACT, FirstTokenEnv, first_token_reward, make_trainer, params
 
 

@@ -1,4 +1,4 @@
-"""The decode fast paths (flowgrpo.backends.decoding): a growing KV cache that must hold exactly what
+"""The decode fast paths (flowgrpo.rollout.backends.decoding): a growing KV cache that must hold exactly what
 ``DynamicLayer``'s concatenation holds, and a skinny-matmul view of the model that must compute what
 the model computes, over the very same tensors."""
 
@@ -11,10 +11,10 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicLayer
 
-from flowgrpo.backends.base import SamplingParams
-from flowgrpo.backends.decoding import GrowingCache, GrowingLayer, SkinnyLinear, decode_view
-from flowgrpo.backends.hf import HFBackend
-from flowgrpo.models import tiny_model
+from flowgrpo.modeling.models import tiny_model
+from flowgrpo.rollout.backends.base import SamplingParams
+from flowgrpo.rollout.backends.decoding import GrowingCache, GrowingLayer, SkinnyLinear, decode_view
+from flowgrpo.rollout.backends.hf import HFBackend
 
 
 def _kv(b: int, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""Data-parallel training (flowgrpo.distributed): shards, global aggregation weights, and a 2-rank
+"""Data-parallel training (flowgrpo.training.distributed): shards, global aggregation weights, and a 2-rank
 gloo run on CPU that ends with a 1-rank run's parameters."""
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ import torch
 import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
-from flowgrpo.batching import Row, micro_batches
 from flowgrpo.config import load_config
-from flowgrpo.distributed import DistContext, check_supported, shard
 from flowgrpo.env import BaseEnvironment, StepResult
-from flowgrpo.models import tiny_model, tiny_tokenizer
+from flowgrpo.modeling.models import tiny_model, tiny_tokenizer
 from flowgrpo.rewards import CompositeReward, RewardSpec
-from flowgrpo.rundir import RunDir
-from flowgrpo.store import read_trajectories
-from flowgrpo.trainer import Trainer
+from flowgrpo.runs.rundir import RunDir
+from flowgrpo.runs.store import read_trajectories
+from flowgrpo.training.batching import Row, micro_batches
+from flowgrpo.training.distributed import DistContext, check_supported, shard
+from flowgrpo.training.trainer import Trainer
 from flowgrpo.types import Message, ParsedAction, Task
 
 

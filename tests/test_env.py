@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from flowgrpo.chat.parsing import HermesParser
 from flowgrpo.env import (
     DEFAULT_NUDGE,
     EnvCheckError,
@@ -23,7 +24,6 @@ from flowgrpo.env import (
     render_tool_call,
     run_oracle,
 )
-from flowgrpo.parsing import HermesParser
 from flowgrpo.tool import tool
 from flowgrpo.types import Message, ParsedAction, ToolCall
 

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from flowgrpo.advantages import compute_advantages
-from flowgrpo.episodes import apply_overlong_penalty, exclude_terminations, is_truncated, overlong_penalty
+from flowgrpo.algorithms.advantages import compute_advantages
+from flowgrpo.algorithms.episodes import (
+    apply_overlong_penalty,
+    exclude_terminations,
+    is_truncated,
+    overlong_penalty,
+)
 from flowgrpo.types import Message, Task, Termination, Trajectory, TrajectoryGroup, Turn
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from flowgrpo.cli import main
-from flowgrpo.export import export_checkpoint, load_served_policy
+from flowgrpo.runs.export import export_checkpoint, load_served_policy
 from tests.test_trainer import make_trainer, one_thread  # noqa: F401  (autouse fixture)
 
 
@@ -42,9 +42,12 @@ def test_export_loads_in_transformers_with_the_same_logprobs_and_template(traine
 def test_an_older_step_exports_its_own_weights(trained, tmp_path):
     a = load_served_policy(str(trained.out), step=1)[0]
     b = load_served_policy(str(trained.out))[0]  # the latest: step 2
-    assert any(not torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+    assert any(
+        not torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True)
+    )
     assert all(
-        torch.equal(x, y) for x, y in zip(b.state_dict().values(), trained.model.state_dict().values(), strict=True)
+        torch.equal(x, y)
+        for x, y in zip(b.state_dict().values(), trained.model.state_dict().values(), strict=True)
     )
 
 
@@ -69,9 +72,9 @@ def test_a_hub_id_is_one_line_saying_how_to_point_at_a_local_directory(capsys):
 def test_export_of_the_embedded_model_gives_the_same_logprobs(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from flowgrpo.checkpoint import save_checkpoint
     from flowgrpo.config import dump_config, load_config
-    from flowgrpo.models import load_model
+    from flowgrpo.modeling.models import load_model
+    from flowgrpo.runs.checkpoint import save_checkpoint
 
     run = tmp_path / "run"
     cfg = load_config(None, [f"run.output_dir={run}", "model.name=smollm2-135m"])

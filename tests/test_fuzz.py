@@ -10,9 +10,9 @@ from flowgrpo.tools.calculator import evaluate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flowgrpo.bounded import BudgetExceeded, shared_pool
-from flowgrpo.parsing import HermesParser
+from flowgrpo.chat.parsing import HermesParser
 from flowgrpo.rewards.answers import math_equal, normalize_math, parse_number
+from flowgrpo.sandbox.bounded import BudgetExceeded, shared_pool
 from flowgrpo.tool import ToolError
 
 FUZZ = settings(

@@ -1,6 +1,6 @@
 import pytest
 
-from flowgrpo import hardware
+from flowgrpo.modeling import hardware
 
 
 @pytest.mark.parametrize(

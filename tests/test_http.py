@@ -9,7 +9,7 @@ import random
 import httpx
 import pytest
 
-from flowgrpo.http import RetriesExhausted, request_with_retries, retryable_status
+from flowgrpo.utils.http import RetriesExhausted, request_with_retries, retryable_status
 
 
 def test_retryable_statuses():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from flowgrpo.idle import IdleWatch, likely_causes
 from flowgrpo.rewards import CompositeReward, RewardSpec
+from flowgrpo.training.idle import IdleWatch, likely_causes
 from tests.test_trainer import make_trainer, one_thread  # noqa: F401  (autouse fixture)
 
 
@@ -20,7 +20,7 @@ def test_likely_causes_read_the_steps_metrics():
 
 def test_the_watch_warns_every_few_idle_steps_and_at_the_end(caplog):
     w = IdleWatch(group_size=8, every=2)
-    with caplog.at_level(logging.WARNING, logger="flowgrpo.idle"):
+    with caplog.at_level(logging.WARNING, logger="flowgrpo.training.idle"):
         for step, n_opt in enumerate([1.0, 0.0, 0.0, 0.0], start=1):
             w.observe(step, {"optimizer_steps": n_opt, "reward_mean": 0.0, "reward_std": 0.0})
         assert len(caplog.records) == 1 and "2 of 3 RL steps so far trained nothing" in caplog.text
@@ -31,7 +31,7 @@ def test_the_watch_warns_every_few_idle_steps_and_at_the_end(caplog):
 def test_a_run_with_constant_rewards_says_it_trained_nothing(tmp_path, caplog):
     tr = make_trainer(tmp_path, "train.steps=2", "run.save_every=0")
     tr.reward = CompositeReward([RewardSpec(name="zero")], fns={"zero": lambda traj, task: 0.0})
-    with caplog.at_level(logging.WARNING, logger="flowgrpo.idle"):
+    with caplog.at_level(logging.WARNING, logger="flowgrpo.training.idle"):
         tr.train()
     assert "2 of 2 RL steps in this run trained nothing" in caplog.text
     assert "the reward is constant (0: no episode succeeds)" in caplog.text

@@ -182,7 +182,7 @@ def test_judge_in_a_composite(server: JudgeServer) -> None:
 
 
 def test_judge_with_a_local_hf_model() -> None:
-    from flowgrpo.models import tiny_model, tiny_tokenizer
+    from flowgrpo.modeling.models import tiny_model, tiny_tokenizer
     from flowgrpo.rewards import HFChatClient
 
     model, tok = tiny_model(tiny_tokenizer())

@@ -17,9 +17,9 @@ import torch
 
 from flowgrpo.config import load_config
 from flowgrpo.env import BaseEnvironment, StepResult
-from flowgrpo.models import tiny_model, tiny_tokenizer
+from flowgrpo.modeling.models import tiny_model, tiny_tokenizer
 from flowgrpo.rewards import CompositeReward, RewardSpec
-from flowgrpo.trainer import Trainer
+from flowgrpo.training.trainer import Trainer
 from flowgrpo.types import Message, ParsedAction, Task
 
 TARGETS = ({0}, {0, 1})  # turn k's token must fall in TARGETS[k] (its id mod 4)
@@ -145,7 +145,7 @@ def test_guard_fails_when_the_advantage_sign_flips(tmp_path):
 
 def test_guard_fails_when_the_action_mask_is_off_by_one(tmp_path, monkeypatch):
     """The guard is sharp: a loss on the token after each action (an off-by-one mask) learns nothing."""
-    import flowgrpo.trainer as trainer_mod
+    import flowgrpo.training.trainer as trainer_mod
 
     real = trainer_mod.build_rows
 

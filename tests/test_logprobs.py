@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flowgrpo.logprobs import action_logprobs, reference_logprobs
-from flowgrpo.models import tiny_model
+from flowgrpo.modeling.logprobs import action_logprobs, reference_logprobs
+from flowgrpo.modeling.models import tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +141,7 @@ def assert_matches_naive(model, ids, attn, mask):
 
 
 def test_shared_prompts_run_once_with_identical_values_and_gradients(model):
-    from flowgrpo.logprobs import _shared_prefixes
+    from flowgrpo.modeling.logprobs import _shared_prefixes
 
     ids, attn, mask = group_batch(model.config.vocab_size)
     plan = _shared_prefixes(ids, mask)
@@ -152,7 +152,7 @@ def test_shared_prompts_run_once_with_identical_values_and_gradients(model):
 
 
 def test_a_root_shared_by_every_prompt_runs_once_with_identical_values_and_gradients(model):
-    from flowgrpo.logprobs import _shared_prefixes
+    from flowgrpo.modeling.logprobs import _shared_prefixes
 
     ids, attn, mask = rooted_batch(model.config.vocab_size)
     plan = _shared_prefixes(ids, mask)
@@ -161,7 +161,7 @@ def test_a_root_shared_by_every_prompt_runs_once_with_identical_values_and_gradi
 
 
 def test_no_shared_pass_when_prompts_differ(model):
-    from flowgrpo.logprobs import _shared_prefixes
+    from flowgrpo.modeling.logprobs import _shared_prefixes
 
     ids, _, mask = batch(model.config.vocab_size)
     assert _shared_prefixes(ids, mask) is None

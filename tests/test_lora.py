@@ -7,10 +7,10 @@ import pytest
 import torch
 from test_trainer import EXACT, make_trainer, params
 
-from flowgrpo.checkpoint import POLICY_FILE, CheckpointError, load_policy_state, policy_state_dict
-from flowgrpo.logprobs import action_logprobs
-from flowgrpo.lora import LoraSpec, apply_lora, is_lora, merged_model, reference_mode
-from flowgrpo.models import tiny_model
+from flowgrpo.modeling.logprobs import action_logprobs
+from flowgrpo.modeling.lora import LoraSpec, apply_lora, is_lora, merged_model, reference_mode
+from flowgrpo.modeling.models import tiny_model
+from flowgrpo.runs.checkpoint import POLICY_FILE, CheckpointError, load_policy_state, policy_state_dict
 
 pytest.importorskip("peft")
 

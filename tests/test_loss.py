@@ -7,7 +7,13 @@ import math
 import pytest
 import torch
 
-from flowgrpo.loss import aggregation_weights, kl_penalty, policy_loss, sft_loss, truncated_is_weights
+from flowgrpo.algorithms.loss import (
+    aggregation_weights,
+    kl_penalty,
+    policy_loss,
+    sft_loss,
+    truncated_is_weights,
+)
 
 
 def lp(ratios):
@@ -195,7 +201,9 @@ def test_gspo_one_ratio_per_turn_over_action_tokens_only():
 def test_gspo_clips_the_whole_turn_together():
     logprobs, old, adv, mask, turn = two_turn_row()
     logprobs.requires_grad_(True)
-    loss, _ = policy_loss(logprobs, old, adv, mask, clip_low=0.2, clip_high=0.05, turn_index=turn, loss="gspo")
+    loss, _ = policy_loss(
+        logprobs, old, adv, mask, clip_low=0.2, clip_high=0.05, turn_index=turn, loss="gspo"
+    )
     assert loss.item() == pytest.approx((-2 * 1.05 + 0.8) / 3, rel=1e-6)  # s0 = 1.105 > 1.05
     loss.backward()
     assert logprobs.grad.abs().sum().item() == 0.0
@@ -217,7 +225,9 @@ def test_gspo_without_turn_index_is_one_ratio_per_row():
 def test_cispo_clipped_detached_weight_on_reinforce():
     logprobs, old, adv, mask, turn = two_turn_row()
     logprobs.requires_grad_(True)
-    loss, m = policy_loss(logprobs, old, adv, mask, clip_low=0.2, clip_high=0.2, turn_index=turn, loss="cispo")
+    loss, m = policy_loss(
+        logprobs, old, adv, mask, clip_low=0.2, clip_high=0.2, turn_index=turn, loss="cispo"
+    )
     # weights clip(r): a1 exp(.2)=1.221 -> 1.2, a2 1, a3 exp(-.4)=.670 -> .8 ; l = -w * A * logprob
     assert loss.item() == pytest.approx((1.2 * 1.0 + 2.0 - 0.8 * 0.5) / 3, rel=1e-6)
     assert m["clip_frac_high"] == pytest.approx(1 / 3) and m["clip_frac_low"] == pytest.approx(1 / 3)
@@ -233,10 +243,14 @@ def test_sequence_losses_stay_exact_across_micro_batches(kind):
     old = logprobs + 0.1 * torch.randn(3, 6)
     adv = torch.tensor([1.0, -0.5, 2.0])
     mask = torch.tensor([[0, 1, 1, 0, 1, 1], [0, 0, 1, 1, 1, 0], [0, 1, 1, 1, 1, 1]], dtype=torch.float32)
-    turn = torch.tensor([[0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0], [1, 1, 2, 2, 3, 3]])  # a turn never spans rows
+    turn = torch.tensor(
+        [[0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0], [1, 1, 2, 2, 3, 3]]
+    )  # a turn never spans rows
     seq = torch.tensor([0, 1, 1])
     w = aggregation_weights(mask, "turn_mean", seq_index=seq, turn_index=turn)
-    full, _ = policy_loss(logprobs, old, adv, mask, token_weights=w, seq_index=seq, turn_index=turn, loss=kind)
+    full, _ = policy_loss(
+        logprobs, old, adv, mask, token_weights=w, seq_index=seq, turn_index=turn, loss=kind
+    )
     parts = sum(
         policy_loss(
             logprobs[i : i + 1],
@@ -288,7 +302,7 @@ def test_pg_mask_keeps_the_gradient_of_chosen_tokens_only():
 
 
 def test_entropy_top_q_threshold():
-    from flowgrpo.loss import entropy_top_q_threshold
+    from flowgrpo.algorithms.loss import entropy_top_q_threshold
 
     h = torch.arange(10, dtype=torch.float32)  # 0..9
     t = entropy_top_q_threshold(h, 0.2)  # 0.8 quantile with linear interpolation: 7.2

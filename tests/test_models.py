@@ -6,7 +6,13 @@ import time
 import pytest
 import torch
 
-from flowgrpo.models import ModelLoadError, embedded_gguf_path, load_model, tiny_model, tiny_tokenizer
+from flowgrpo.modeling.models import (
+    ModelLoadError,
+    embedded_gguf_path,
+    load_model,
+    tiny_model,
+    tiny_tokenizer,
+)
 
 
 def test_tiny_tokenizer_round_trips_and_renders_chatml():
@@ -48,7 +54,7 @@ def test_missing_embedded_package_names_the_install(monkeypatch):
 
 def test_import_flowgrpo_is_light():
     code = (
-        "import sys, flowgrpo, flowgrpo.types, flowgrpo.store, flowgrpo.models, flowgrpo.env, flowgrpo.tool;"
+        "import sys, flowgrpo, flowgrpo.types, flowgrpo.runs.store, flowgrpo.modeling.models, flowgrpo.env, flowgrpo.tool;"
         "bad=[m for m in ('vllm','peft','sentence_transformers','ray','torch','transformers') if m in sys.modules];"
         "print(bad); sys.exit(1 if bad else 0)"
     )

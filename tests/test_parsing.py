@@ -1,4 +1,4 @@
-"""flowgrpo.parsing: Hermes tool calls, answers, error messages, format instructions."""
+"""flowgrpo.chat.parsing: Hermes tool calls, answers, error messages, format instructions."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flowgrpo.parsing import ActionParser, HermesParser, ParseError, extract_answer
+from flowgrpo.chat.parsing import ActionParser, HermesParser, ParseError, extract_answer
 from flowgrpo.tool import ToolError, execute_tool_calls, tool
 
 P = HermesParser()

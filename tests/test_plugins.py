@@ -11,9 +11,9 @@ import pytest
 from flowgrpo import env as env_mod
 from flowgrpo import tool as tool_mod
 from flowgrpo.cli import main
-from flowgrpo.plugins import PluginError, is_factory, is_spec, load_object
 from flowgrpo.rewards import base as rewards_base
 from flowgrpo.rewards import make_reward
+from flowgrpo.utils.plugins import PluginError, is_factory, is_spec, load_object
 
 PLUGIN = textwrap.dedent(
     '''

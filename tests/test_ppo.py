@@ -6,16 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flowgrpo.batching import build_rows
+from flowgrpo.algorithms.ppo import explained_variance, gae, masked_whiten, value_loss
 from flowgrpo.config import PPOConfig, load_config
 from flowgrpo.env import BaseEnvironment, StepResult
-from flowgrpo.models import tiny_model
-from flowgrpo.ppo import explained_variance, gae, masked_whiten, value_loss
+from flowgrpo.modeling.models import tiny_model
 from flowgrpo.rewards import CompositeReward, RewardSpec
-from flowgrpo.rundir import RunDir
-from flowgrpo.trainer import Trainer
+from flowgrpo.runs.rundir import RunDir
+from flowgrpo.training.batching import build_rows
+from flowgrpo.training.trainer import Trainer
+from flowgrpo.training.value import Critic
 from flowgrpo.types import Message, ParsedAction, Task, Trajectory, Turn
-from flowgrpo.value import Critic
 
 # A two-turn episode packed in one row: [p p a a o o a] (prompt, 2 action tokens of turn 1, the
 # tool result, 1 action token of turn 2). Values at action tokens 0.5, 0.6 | 0.8; turn 1's shaping

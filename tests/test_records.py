@@ -1,10 +1,10 @@
-"""flowgrpo.records: a resumed run's later records are moved aside, never duplicated or deleted."""
+"""flowgrpo.runs.records: a resumed run's later records are moved aside, never duplicated or deleted."""
 
 from __future__ import annotations
 
 import json
 
-from flowgrpo.records import rewind_records
+from flowgrpo.runs.records import rewind_records
 
 
 def _write(path, lines: list[str]) -> None:

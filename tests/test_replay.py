@@ -15,13 +15,15 @@ from pathlib import Path
 import pytest
 
 from flowgrpo import env as env_mod
-from flowgrpo.advantages import compute_advantages
+from flowgrpo.algorithms.advantages import compute_advantages
 from flowgrpo.cli import main
 from flowgrpo.config import TrainConfig, dump_config
-from flowgrpo.evaluation import summarize
-from flowgrpo.metrics import MetricsLogger
-from flowgrpo.models import tiny_tokenizer
-from flowgrpo.replay import (
+from flowgrpo.modeling.models import tiny_tokenizer
+from flowgrpo.rewards import CompositeReward, RewardSpec
+from flowgrpo.rollout.engine import RolloutConfig, run_text_policy
+from flowgrpo.runs.evaluation import summarize
+from flowgrpo.runs.metrics import MetricsLogger
+from flowgrpo.runs.replay import (
     format_summary,
     format_trajectory,
     make_run_env_factory,
@@ -30,10 +32,8 @@ from flowgrpo.replay import (
     select_trajectories,
     tasks_by_id,
 )
-from flowgrpo.rewards import CompositeReward, RewardSpec
-from flowgrpo.rollout import RolloutConfig, run_text_policy
-from flowgrpo.rundir import RunDir, RunError
-from flowgrpo.store import TrajectoryWriter
+from flowgrpo.runs.rundir import RunDir, RunError
+from flowgrpo.runs.store import TrajectoryWriter
 from flowgrpo.tool import tool
 from flowgrpo.types import Message, Trajectory
 

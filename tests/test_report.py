@@ -22,8 +22,8 @@ import pytest
 from test_replay import build_run
 
 from flowgrpo.cli import main
-from flowgrpo.models import tiny_tokenizer
-from flowgrpo.report import (
+from flowgrpo.modeling.models import tiny_tokenizer
+from flowgrpo.runs.report import (
     advantage_color,
     build_report,
     nice_ticks,
@@ -32,8 +32,8 @@ from flowgrpo.report import (
     svg_line_chart,
     token_pieces,
 )
-from flowgrpo.rundir import RunDir
-from flowgrpo.store import TrajectoryWriter
+from flowgrpo.runs.rundir import RunDir
+from flowgrpo.runs.store import TrajectoryWriter
 from flowgrpo.types import Message, Trajectory, Turn
 
 

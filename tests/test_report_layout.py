@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from flowgrpo.report import (
+from flowgrpo.runs.report import (
     ended_text,
     is_warm_start_row,
     metric_order,

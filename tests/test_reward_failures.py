@@ -8,13 +8,13 @@ import math
 import pytest
 import torch
 
-from flowgrpo.advantages import compute_advantages
+from flowgrpo.algorithms.advantages import compute_advantages
 from flowgrpo.config import load_config
 from flowgrpo.env import BaseEnvironment, StepResult
-from flowgrpo.models import tiny_model
+from flowgrpo.modeling.models import tiny_model
 from flowgrpo.rewards import CompositeReward, JudgeReward, Missing, RewardSpec, as_score
-from flowgrpo.rundir import RunDir
-from flowgrpo.trainer import Trainer
+from flowgrpo.runs.rundir import RunDir
+from flowgrpo.training.trainer import Trainer
 from flowgrpo.types import Message, ParsedAction, Task, Trajectory, TrajectoryGroup, Turn
 
 

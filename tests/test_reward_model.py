@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForSequenceClassification
 
-from flowgrpo.aio import run_sync
-from flowgrpo.models import tiny_tokenizer
+from flowgrpo.modeling.models import tiny_tokenizer
 from flowgrpo.rewards import CompositeReward, RewardSpec, make_reward
 from flowgrpo.types import Message, Task, Trajectory, TrajectoryGroup, Turn
+from flowgrpo.utils.aio import run_sync
 
 
 def _save(tmp_path, num_labels: int, name: str):

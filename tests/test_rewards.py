@@ -228,7 +228,7 @@ def test_diversity_reward_on_a_group_with_a_real_embedder() -> None:
 
 
 def test_diversity_with_policy_hidden_states() -> None:
-    from flowgrpo.models import tiny_model, tiny_tokenizer
+    from flowgrpo.modeling.models import tiny_model, tiny_tokenizer
 
     model, tok = tiny_model(tiny_tokenizer())
     d = DiversityReward(embedder="policy", model=model, tokenizer=tok)
@@ -317,7 +317,7 @@ def test_minilm_embedder_matches_sentence_transformers() -> None:
 
 
 def test_turn_cost_orders_correct_episodes_by_length_and_leaves_failures_alone() -> None:
-    from flowgrpo.advantages import compute_advantages, is_zero_variance
+    from flowgrpo.algorithms.advantages import compute_advantages, is_zero_variance
 
     right, wrong = "<answer>1234</answer>", "<answer>99</answer>"
     comp = CompositeReward([RewardSpec(name="accuracy"), RewardSpec(name="turn_cost", weight=0.05)])

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 
 from pydantic import BaseModel
 
-from flowgrpo.backends.base import BackendBase, GenerationResult, SamplingParams
 from flowgrpo.env import BaseEnvironment, StepResult
+from flowgrpo.rollout.backends.base import BackendBase, GenerationResult, SamplingParams
 from flowgrpo.tool import execute_tool_calls
 from flowgrpo.types import Message, ParsedAction, Task, ToolCall
 
@@ -145,11 +145,11 @@ def _count(seq: list[int], sub: list[int]) -> int:
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from flowgrpo.backends.hf import HFBackend  # noqa: E402
-from flowgrpo.chat import ChatFormat  # noqa: E402
-from flowgrpo.logprobs import common_prefix_len  # noqa: E402
-from flowgrpo.models import tiny_model, tiny_tokenizer  # noqa: E402
-from flowgrpo.rollout import RolloutConfig, RolloutEngine, run_text_policy  # noqa: E402
+from flowgrpo.chat.format import ChatFormat  # noqa: E402
+from flowgrpo.modeling.logprobs import common_prefix_len  # noqa: E402
+from flowgrpo.modeling.models import tiny_model, tiny_tokenizer  # noqa: E402
+from flowgrpo.rollout.backends.hf import HFBackend  # noqa: E402
+from flowgrpo.rollout.engine import RolloutConfig, RolloutEngine, run_text_policy  # noqa: E402
 from flowgrpo.types import Termination  # noqa: E402
 
 

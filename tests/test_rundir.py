@@ -17,13 +17,13 @@ import pytest
 import torch
 import yaml
 
-from flowgrpo.checkpoint import save_checkpoint
 from flowgrpo.cli import main
 from flowgrpo.config import ConfigError, TrainConfig, config_from_dict, dump_config
-from flowgrpo.evaluation import EvalResult, record_evaluation
-from flowgrpo.metrics import MetricsLogger
-from flowgrpo.rundir import CheckpointRef, MetricRecord, RunDir, RunError
-from flowgrpo.store import TrajectoryWriter
+from flowgrpo.runs.checkpoint import save_checkpoint
+from flowgrpo.runs.evaluation import EvalResult, record_evaluation
+from flowgrpo.runs.metrics import MetricsLogger
+from flowgrpo.runs.rundir import CheckpointRef, MetricRecord, RunDir, RunError
+from flowgrpo.runs.store import TrajectoryWriter
 from flowgrpo.types import Message, Trajectory, Turn
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

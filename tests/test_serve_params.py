@@ -5,10 +5,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from flowgrpo.backends.hf import HFBackend
-from flowgrpo.models import tiny_model
-from flowgrpo.openai_request import cut_at_stop, unsupported_params
-from flowgrpo.serve import make_server, serve_in_thread
+from flowgrpo.modeling.models import tiny_model
+from flowgrpo.rollout.backends.hf import HFBackend
+from flowgrpo.serving.openai_request import cut_at_stop, unsupported_params
+from flowgrpo.serving.serve import make_server, serve_in_thread
 
 CHAT = [{"role": "user", "content": "What is 12 + 7?"}]
 

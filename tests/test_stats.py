@@ -6,8 +6,14 @@ import math
 
 import pytest
 
-from flowgrpo.evaluation import compare, summarize
-from flowgrpo.stats import mcnemar_exact, mean_pass_at_k, paired_difference, pass_at_k, wilson_interval
+from flowgrpo.algorithms.stats import (
+    mcnemar_exact,
+    mean_pass_at_k,
+    paired_difference,
+    pass_at_k,
+    wilson_interval,
+)
+from flowgrpo.runs.evaluation import compare, summarize
 from flowgrpo.types import Message, Task, Trajectory, TrajectoryGroup, Turn
 
 

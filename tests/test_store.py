@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from flowgrpo.store import StoreError, TrajectoryWriter, read_trajectories
+from flowgrpo.runs.store import StoreError, TrajectoryWriter, read_trajectories
 from flowgrpo.types import Message, Trajectory, Turn
 
 
@@ -97,7 +97,7 @@ def test_writer_killed_mid_write_loses_only_the_torn_line(tmp_path):
         f"""
         import sys
         sys.path.insert(0, {os.getcwd()!r})
-        from flowgrpo.store import TrajectoryWriter
+        from flowgrpo.runs.store import TrajectoryWriter
         from flowgrpo.types import Message, Trajectory, Turn
         w = TrajectoryWriter({str(path)!r})
         i = 0

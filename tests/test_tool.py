@@ -371,7 +371,9 @@ def test_a_hung_sync_langchain_tool_is_abandoned_at_its_timeout():
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-c", _HUNG_LANGCHAIN_SCRIPT], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-c", _HUNG_LANGCHAIN_SCRIPT], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     lines = [ln.split(" ", 2) for ln in r.stdout.splitlines()]
     assert [(name, msg) for name, _, msg in lines] == [

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from flowgrpo.config import ConfigError, load_config
-from flowgrpo.metrics import MetricsLogger
-from flowgrpo.tracking import make_sinks, scalars_of
+from flowgrpo.runs.metrics import MetricsLogger
+from flowgrpo.runs.tracking import make_sinks, scalars_of
 
 
 def test_scalars_of_keeps_finite_numbers_only():

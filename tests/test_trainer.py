@@ -11,12 +11,12 @@ import torch
 
 from flowgrpo.config import TrainConfig, load_config
 from flowgrpo.env import BaseEnvironment, StepResult
-from flowgrpo.models import tiny_model, tiny_tokenizer
+from flowgrpo.modeling.models import tiny_model, tiny_tokenizer
 from flowgrpo.rewards import CompositeReward, RewardSpec
-from flowgrpo.rundir import RunDir
-from flowgrpo.sft import demonstrations, supervised_epochs
-from flowgrpo.store import read_trajectories
-from flowgrpo.trainer import Trainer
+from flowgrpo.runs.rundir import RunDir
+from flowgrpo.runs.store import read_trajectories
+from flowgrpo.training.sft import demonstrations, supervised_epochs
+from flowgrpo.training.trainer import Trainer
 from flowgrpo.types import Message, ParsedAction, Task
 
 
@@ -172,7 +172,7 @@ def test_sigterm_checkpoints_then_resume_is_exact(tmp_path):
 
 
 def test_nan_loss_skips_the_step_and_is_counted(tmp_path, caplog):
-    from flowgrpo.advantages import compute_advantages
+    from flowgrpo.algorithms.advantages import compute_advantages
 
     tr = make_trainer(tmp_path, "train.steps=1", "run.save_every=0")
     groups = tr.engine.run_groups(tr.env_factory, tr.stream.next(2), 4)
@@ -251,7 +251,7 @@ def test_resampling_without_dropping_is_a_config_error():
 
 
 def test_update_leaves_excluded_trajectories_out(tmp_path):
-    from flowgrpo.advantages import compute_advantages
+    from flowgrpo.algorithms.advantages import compute_advantages
 
     tr = make_trainer(tmp_path, "train.steps=1", "run.save_every=0")
     groups = tr.engine.run_groups(tr.env_factory, tr.stream.next(1), 4)

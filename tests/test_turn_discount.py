@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from flowgrpo.advantages import compute_advantages, discounted_score, is_zero_variance
+from flowgrpo.algorithms.advantages import compute_advantages, discounted_score, is_zero_variance
 from flowgrpo.components import estimator_of
 from flowgrpo.config import ConfigError, load_config
 from flowgrpo.types import Message, Task, Trajectory, TrajectoryGroup, Turn

@@ -9,14 +9,14 @@ import socket
 import pytest
 import torch
 
-from flowgrpo.aio import run_sync
-from flowgrpo.backends.hf import HFBackend
-from flowgrpo.backends.openai import OpenAIBackend
-from flowgrpo.models import tiny_model
+from flowgrpo.modeling.models import tiny_model
 from flowgrpo.rewards import CompositeReward, Missing, RewardSpec, VerifierReward
 from flowgrpo.rewards.verifier import HFVerifier, OpenAIVerifier, render_ids, yes_no_probability
-from flowgrpo.serve import make_server, serve_in_thread
+from flowgrpo.rollout.backends.hf import HFBackend
+from flowgrpo.rollout.backends.openai import OpenAIBackend
+from flowgrpo.serving.serve import make_server, serve_in_thread
 from flowgrpo.types import Message, Task, Trajectory, TrajectoryGroup, Turn
+from flowgrpo.utils.aio import run_sync
 
 CHAT = [{"role": "user", "content": "Is 1 + 1 = 2? Reply with Yes or No."}]
 
@@ -148,7 +148,7 @@ def test_verifier_reward_end_to_end_and_an_unreachable_verifier_excludes(tiny, s
 
 @pytest.mark.slow
 def test_embedded_model_verifies_its_own_answers_locally_and_through_serve():
-    from flowgrpo.models import load_model
+    from flowgrpo.modeling.models import load_model
 
     model, tok = load_model("smollm2-135m")
     srv = make_server(HFBackend(model, tok), tok, model_name="smollm2")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flowgrpo.sft import WarmStartError, successful
+from flowgrpo.training.sft import WarmStartError, successful
 from flowgrpo.types import Termination, Trajectory
 
 

@@ -1,4 +1,4 @@
-"""The trainer -> served policy weight handoff (flowgrpo.weightsync, flowgrpo serve's /v1/load_weights)."""
+"""The trainer -> served policy weight handoff (flowgrpo.modeling.weightsync, flowgrpo serve's /v1/load_weights)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import httpx
 import pytest
 import torch
 
-from flowgrpo.backends.hf import HFBackend
-from flowgrpo.backends.openai import OpenAIBackend, OpenAIBackendError
-from flowgrpo.models import tiny_model, tiny_tokenizer
-from flowgrpo.serve import make_server, serve_in_thread
-from flowgrpo.weightsync import WeightSyncError, load_weights, write_weights
+from flowgrpo.modeling.models import tiny_model, tiny_tokenizer
+from flowgrpo.modeling.weightsync import WeightSyncError, load_weights, write_weights
+from flowgrpo.rollout.backends.hf import HFBackend
+from flowgrpo.rollout.backends.openai import OpenAIBackend, OpenAIBackendError
+from flowgrpo.serving.serve import make_server, serve_in_thread
 
 
 @pytest.fixture
@@ -69,8 +69,8 @@ def test_server_reports_versions_and_rejects_bad_loads(tmp_path, served):
 def test_a_lora_policy_is_served_merged(tmp_path, served):
     """The client pushes W + (alpha/r) B A; the served plain model then gives the policy's logprobs."""
     pytest.importorskip("peft")
-    from flowgrpo.logprobs import action_logprobs
-    from flowgrpo.lora import LoraSpec, apply_lora
+    from flowgrpo.modeling.logprobs import action_logprobs
+    from flowgrpo.modeling.lora import LoraSpec, apply_lora
 
     policy = apply_lora(tiny_model(seed=0)[0], LoraSpec(r=4, target_modules="all-linear"))
     with torch.no_grad():

@@ -11,7 +11,7 @@ the bit size of powers (``|exponent| * log2|base|``), factorial and binomial arg
 of every intermediate rational. An oversize request is a :class:`ToolError` in microseconds.
 Formatting is bounded too (simplification only of small expressions, periodic functions only of
 arguments below 2**64), and as a last line anything beyond plain arithmetic runs in a worker
-process (:mod:`flowgrpo.bounded`) killed at ``budget_s``: sympy cannot be interrupted, and a thread
+process (:mod:`flowgrpo.sandbox.bounded`) killed at ``budget_s``: sympy cannot be interrupted, and a thread
 would keep burning a core after the episode moved on. A call costs about half a millisecond; plain
 arithmetic (40 characters or fewer, no parentheses) runs inline.
 
@@ -29,7 +29,7 @@ from typing import Any
 import sympy
 from pydantic import BaseModel, ConfigDict, Field
 
-from flowgrpo.bounded import BudgetExceeded, shared_pool
+from flowgrpo.sandbox.bounded import BudgetExceeded, shared_pool
 from flowgrpo.tool import ToolError
 
 MAX_CHARS = 500  # longer input is refused before parsing

@@ -1,4 +1,4 @@
-"""The ``python`` tool: runs model-written code in the sandbox of :mod:`flowgrpo.sandbox`.
+"""The ``python`` tool: runs model-written code in the sandbox of :mod:`flowgrpo.sandbox.python`.
 
 The sandbox itself (process isolation, limits, ``run_python``/``arun_python``) lives in the core so
 that the code-test reward can use it without importing a plugin; its names are re-exported here.
@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flowgrpo.sandbox import (
+from flowgrpo.sandbox.python import (
     SandboxCapabilities,
     SandboxLimits,
     SandboxResult,

@@ -22,8 +22,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flowgrpo.http import RetriesExhausted, request_with_retries
 from flowgrpo.tool import ToolError, ToolOutput
+from flowgrpo.utils.http import RetriesExhausted, request_with_retries
 
 log = logging.getLogger(__name__)
 

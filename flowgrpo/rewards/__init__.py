@@ -5,7 +5,7 @@
 - :mod:`~flowgrpo.rewards.answers`: ``accuracy`` (math by value, text by EM/F1, code by hidden
   tests) and ``format``.
 - :mod:`~flowgrpo.rewards.cost`: ``turn_cost``, a price on the turns of a correct episode.
-- :mod:`~flowgrpo.rewards.code`: the hidden tests of code tasks, run in :mod:`flowgrpo.sandbox`.
+- :mod:`~flowgrpo.rewards.code`: the hidden tests of code tasks, run in :mod:`flowgrpo.sandbox.python`.
 - :mod:`~flowgrpo.rewards.judge`: ``judge``, an LLM grading the transcript.
 - :mod:`~flowgrpo.rewards.diversity`: ``diversity``, a group reward against similar responses.
 - :mod:`~flowgrpo.rewards.reward_model`: ``reward_model``, a learned sequence-classifier reward model.

@@ -17,11 +17,11 @@ import string
 from collections import Counter
 from typing import Any, Literal
 
-from flowgrpo.aio import run_in_thread, run_sync
-from flowgrpo.bounded import BudgetExceeded, shared_pool
 from flowgrpo.rewards.base import Reward, final_answer, final_text
 from flowgrpo.rewards.code import run_code_tests
+from flowgrpo.sandbox.bounded import BudgetExceeded, shared_pool
 from flowgrpo.types import Task, Trajectory
+from flowgrpo.utils.aio import run_in_thread, run_sync
 
 log = logging.getLogger(__name__)
 
@@ -297,7 +297,7 @@ class FormatReward(Reward):
     @property
     def parser(self) -> Any:
         if self._parser is None:
-            from flowgrpo.parsing import HermesParser
+            from flowgrpo.chat.parsing import HermesParser
 
             self._parser = HermesParser(answer_tag=self.answer_tag)
         return self._parser

@@ -14,7 +14,7 @@
 A failing reward never kills a run. A reward that raises, returns :class:`Missing` (or ``None``),
 or returns something that is not a finite number (a string, a 5000-digit integer, NaN) leaves that
 episode without a reward: :class:`CompositeReward` sets ``traj.excluded = "reward:<name>: <why>"``,
-so the episode leaves its group's baseline and the update (:mod:`flowgrpo.advantages`), and the
+so the episode leaves its group's baseline and the update (:mod:`flowgrpo.algorithms.advantages`), and the
 step's metrics count it (``episodes_excluded``, ``excluded/reward``). A group reward that raises
 marks its whole group.
 """
@@ -32,10 +32,10 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flowgrpo.aio import run_sync
-from flowgrpo.plugins import build as build_plugin
-from flowgrpo.plugins import is_spec, load_object
 from flowgrpo.types import Task, Trajectory, TrajectoryGroup
+from flowgrpo.utils.aio import run_sync
+from flowgrpo.utils.plugins import build as build_plugin
+from flowgrpo.utils.plugins import is_spec, load_object
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def final_text(traj: Trajectory) -> str:
 
 def final_answer(traj: Trajectory, tag: str = "answer") -> str | None:
     """The final answer: the last complete answer tag of the last action."""
-    from flowgrpo.parsing import extract_answer
+    from flowgrpo.chat.parsing import extract_answer
 
     return extract_answer(final_text(traj), tag=tag)
 

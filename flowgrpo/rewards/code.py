@@ -4,7 +4,7 @@ When the answer and the tests share one program (answer, then asserts, then a pr
 the answer controls the process that decides its reward: it can print the marker, ``sys.exit(0)``
 before the tests, patch ``builtins``/``unittest``, return an object whose ``__eq__`` always says yes,
 or read the tests from disk. Here they never share a process or a file the answer can reach. One
-sandbox call (:func:`flowgrpo.sandbox.arun_python`) runs two processes:
+sandbox call (:func:`flowgrpo.sandbox.python.arun_python`) runs two processes:
 
 - the **grader** (the sandbox's main program; trusted code): makes itself non-dumpable (the answer's
   process, same uid, can then neither ptrace it nor open its ``/proc`` files), reads the tests and a
@@ -20,7 +20,7 @@ sandbox call (:func:`flowgrpo.sandbox.arun_python`) runs two processes:
   and bytearray arguments are copied back.
 
 The reward is 1 only when the grader exited 0, no limit was hit, and its stdout is the verdict with
-the key (:func:`grade_code`). The task data are not in the sandbox's view (:mod:`flowgrpo.sandbox`).
+the key (:func:`grade_code`). The task data are not in the sandbox's view (:mod:`flowgrpo.sandbox.python`).
 Not supported: tests that pass functions or objects of their own to the answer, or receive instances
 of classes the answer defines (they fail with a ``TypeError`` naming the type).
 """
@@ -34,7 +34,7 @@ import secrets
 
 from pydantic import BaseModel, ConfigDict
 
-from flowgrpo.sandbox import SandboxLimits, SandboxResult, arun_python
+from flowgrpo.sandbox.python import SandboxLimits, SandboxResult, arun_python
 
 # Encoding shared by the grader and the answer's process. ``enc`` turns plain data into JSON-able
 # tagged values; ``dec`` accepts only those tags and builds fresh built-in objects (the grader never
@@ -289,7 +289,7 @@ async def grade_code(
     """Run ``tests`` against the answer ``code`` (module docstring) and read the grader's verdict.
 
     ``limits`` replaces the default ``SandboxLimits(wall_s=timeout_s, allow_weak_isolation=...)``.
-    Raises :class:`flowgrpo.sandbox.SandboxUnavailableError` where no isolation works, unless weak
+    Raises :class:`flowgrpo.sandbox.python.SandboxUnavailableError` where no isolation works, unless weak
     isolation is allowed (the answer then runs as your user, sees your files and processes: the
     verdict is not protected)."""
     key = secrets.token_hex(32)

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from flowgrpo.aio import run_sync
 from flowgrpo.rewards.answers import AccuracyReward
 from flowgrpo.rewards.base import Reward
 from flowgrpo.types import Task, Trajectory
+from flowgrpo.utils.aio import run_sync
 
 
 class TurnCostReward(Reward):
@@ -27,7 +27,11 @@ class TurnCostReward(Reward):
     :class:`~flowgrpo.rewards.answers.AccuracyReward` that decides "correct" (e.g. ``answer_type``)."""
 
     def __init__(
-        self, *, only_correct: bool = True, threshold: float = 1.0, accuracy_kwargs: dict[str, Any] | None = None
+        self,
+        *,
+        only_correct: bool = True,
+        threshold: float = 1.0,
+        accuracy_kwargs: dict[str, Any] | None = None,
     ) -> None:
         if not 0.0 < threshold <= 1.0:
             raise ValueError(f"threshold is the accuracy that counts as correct, in (0, 1]; got {threshold}")

@@ -1,6 +1,6 @@
 """The ``judge`` reward: an LLM scores the transcript from 0 to 1.
 
-The judge is any OpenAI-compatible endpoint (through :meth:`flowgrpo.backends.openai.OpenAIBackend.chat`,
+The judge is any OpenAI-compatible endpoint (through :meth:`flowgrpo.rollout.backends.openai.OpenAIBackend.chat`,
 the one HTTP client of the project: timeout, retries, a concurrency limit) or a local HF model. A
 failed call or a reply without a score never crashes a run: the episode gets no reward
 (:class:`~flowgrpo.rewards.base.Missing`, so it is excluded from training and counted), or a fixed
@@ -19,10 +19,10 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from flowgrpo.aio import run_sync
-from flowgrpo.backends.openai import OpenAIBackend, OpenAIBackendError
 from flowgrpo.rewards.base import Missing, Reward, Score
+from flowgrpo.rollout.backends.openai import OpenAIBackend, OpenAIBackendError
 from flowgrpo.types import Task, Trajectory, TrajectoryGroup
+from flowgrpo.utils.aio import run_sync
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ class JudgeCallError(RuntimeError):
 class OpenAIChatClient:
     """A judge client for ``POST {base_url}/chat/completions`` of any OpenAI-compatible server.
 
-    It is :meth:`OpenAIBackend.chat <flowgrpo.backends.openai.OpenAIBackend.chat>`, so the judge
+    It is :meth:`OpenAIBackend.chat <flowgrpo.rollout.backends.openai.OpenAIBackend.chat>`, so the judge
     shares the backend's timeout, retries (transport errors, timeouts, 429 and 5xx, with exponential
     backoff; another 4xx is a configuration error and fails at once) and concurrency limit. A call
     that fails for good raises :class:`JudgeCallError`. ``base_url`` is read as the backend reads
@@ -215,7 +215,7 @@ class JudgeReward(Reward):
 
     ``client`` is any object with ``async complete(messages) -> str``; build one with ``base_url``
     + ``model`` (OpenAI-compatible server) or pass ``hf_model`` (a name/path for
-    :func:`flowgrpo.models.load_model`). At most ``max_concurrency`` calls run at once. A call that
+    :func:`flowgrpo.modeling.models.load_model`). At most ``max_concurrency`` calls run at once. A call that
     fails (after the client's retries) or a reply without a parsable score is logged, counted in
     ``self.failures`` and gives :class:`~flowgrpo.rewards.base.Missing` (the episode leaves the
     update and its group's baseline), or ``fallback`` when it is a number; training never crashes
@@ -252,7 +252,7 @@ class JudgeReward(Reward):
                     max_concurrency=max_concurrency,
                 )
             elif hf_model is not None:
-                from flowgrpo.models import load_model
+                from flowgrpo.modeling.models import load_model
 
                 m, tok = load_model(hf_model)
                 client = HFChatClient(m, tok)

@@ -14,7 +14,7 @@ own chat template (``Yes``, ``yes``: their first tokens after the assistant head
 
 Two ways to reach the verifier:
 
-- a local Hugging Face model (``hf_model=`` a name/path for :func:`flowgrpo.models.load_model`, or
+- a local Hugging Face model (``hf_model=`` a name/path for :func:`flowgrpo.modeling.models.load_model`, or
   ``model=`` + ``tokenizer=``): prompts are batched (right padded) and only the last position's
   logits are computed; the embedded SmolLM2 can verify its own answers.
 - any OpenAI-compatible server (``base_url=``): one ``/chat/completions`` request per episode with
@@ -35,8 +35,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from flowgrpo.backends.openai import OpenAIBackend
 from flowgrpo.rewards.base import Missing, Reward, Score, final_answer, final_text
+from flowgrpo.rollout.backends.openai import OpenAIBackend
 from flowgrpo.types import Task, Trajectory, TrajectoryGroup
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ class HFVerifier:
     def _batch(self, prompts: list[list[int]]) -> list[tuple[float, float]]:
         import torch
 
-        from flowgrpo.logprobs import split_model
+        from flowgrpo.modeling.logprobs import split_model
 
         backbone, head = split_model(self.model)
         device = next(self.model.parameters()).device
@@ -191,7 +191,7 @@ class VerifierReward(Reward):
     """``P(Yes) / (P(Yes) + P(No))`` of a verifier asked whether the episode's final answer is right.
 
     Args:
-        hf_model: a local model for :func:`flowgrpo.models.load_model` (e.g. ``smollm2-135m``).
+        hf_model: a local model for :func:`flowgrpo.modeling.models.load_model` (e.g. ``smollm2-135m``).
         model, tokenizer: a model already in memory (e.g. the policy itself).
         base_url, server_model: an OpenAI-compatible server and its model name.
         template: the question; ``{prompt}`` (the task), ``{answer}`` (the final answer) and
@@ -246,7 +246,7 @@ class VerifierReward(Reward):
             )
         else:
             if hf_model is not None:
-                from flowgrpo.models import load_model
+                from flowgrpo.modeling.models import load_model
 
                 model, tokenizer = load_model(hf_model)
             if tokenizer is None:

@@ -1,0 +1,233 @@
+"""Which training tasks a step draws: a uniform stream, or a curriculum that favours tasks the
+policy sometimes solves, and environment difficulty scheduled by step.
+
+A group whose G episodes all pass or all fail has equal rewards and gives no gradient under group
+baselines (GRPO; DAPO's dynamic sampling drops such groups). The expected learning signal of a
+task with pass rate ``p`` is largest at ``p = 1/2``: the variance of a Bernoulli outcome,
+``p (1 - p)``, is the "learnability" Foster & Foerster (2025, *Learning to Reason at the Frontier of
+Learnability*) sample by. :class:`PassRateSampler` keeps each task's recent pass rate and draws
+tasks with weight ``max(p (1 - p), floor)``, unseen tasks at the maximum ``1/4``, so tasks with
+``0 < p < 1`` are favoured and solved or hopeless ones still come back now and then.
+
+A difficulty schedule (``curriculum.difficulty``) rebuilds the environment with other keyword
+arguments from a given step on (e.g. ``arithmetic``'s ``difficulty: 2`` after step 50); the task
+list is the new environment's, the sampler's position and pass rates restart with it.
+
+Every sampler's state (:meth:`state_dict`) goes into the trainer's checkpoints under ``stream``;
+a resumed run draws exactly the tasks an uninterrupted one draws.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+from collections.abc import Sequence
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from flowgrpo.algorithms.episodes import accuracy_of
+from flowgrpo.types import Task, TrajectoryGroup
+
+UNSEEN_WEIGHT = 0.25  # p (1 - p) at p = 1/2: a task never tried is treated as the most learnable
+
+
+class DifficultyStage(BaseModel):
+    """From ``from_step`` on (the step about to be trained, 0-based), the environment is built with
+    ``env.kwargs`` updated by ``env_kwargs``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    from_step: int = Field(..., ge=0)
+    env_kwargs: dict[str, Any] = Field(..., min_length=1)
+
+
+class CurriculumConfig(BaseModel):
+    """Task sampling (docs/algorithms.md, "Curriculum")."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    sampler: Literal["uniform", "pass_rate"] = Field(
+        "uniform",
+        description="uniform: every task once per reshuffled epoch; pass_rate: weight max(p(1-p), floor) "
+        "by each task's recent pass rate p (unseen tasks 1/4)",
+    )
+    window: int = Field(8, ge=1, description="pass_rate: the most recent episodes per task that count")
+    floor: float = Field(
+        0.01, gt=0.0, le=UNSEEN_WEIGHT, description="pass_rate: the weight of a task with p = 0 or p = 1"
+    )
+    difficulty: list[DifficultyStage] = Field(
+        default_factory=list,
+        description="stages [{from_step: N, env_kwargs: {...}}]: the environment's kwargs from step N on",
+    )
+
+    @model_validator(mode="after")
+    def _stages_ordered(self) -> CurriculumConfig:
+        steps = [s.from_step for s in self.difficulty]
+        if steps != sorted(set(steps)):
+            raise ValueError(
+                f"curriculum.difficulty stages must have strictly increasing from_step, got {steps}: "
+                "order them by step and give each step once"
+            )
+        return self
+
+    def stage_at(self, step: int) -> int:
+        """Index of the stage in force at ``step`` (-1: before the first one, the plain ``env``)."""
+        k = -1
+        for i, s in enumerate(self.difficulty):
+            if s.from_step <= step:
+                k = i
+        return k
+
+
+class TaskSampler(Protocol):
+    """Draws the tasks of each step; its state resumes exactly."""
+
+    def next(self, n: int) -> list[Task]: ...
+    def observe(self, groups: Sequence[TrajectoryGroup]) -> None: ...
+    def set_tasks(self, tasks: Sequence[Task], stage: int) -> None: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, s: dict[str, Any]) -> None: ...
+
+
+def _check(tasks: Sequence[Task]) -> list[Task]:
+    if not tasks:
+        raise ValueError("the environment returned no training tasks (env.tasks('train') is empty)")
+    return list(tasks)
+
+
+class TaskStream:
+    """An endless stream over ``tasks``: shuffled with ``(seed, epoch)`` each pass; its state is
+    ``(epoch, position, stage)`` so a resumed run draws the same tasks."""
+
+    def __init__(self, tasks: Sequence[Task], seed: int) -> None:
+        self.tasks = _check(tasks)
+        self.seed = seed
+        self.epoch = 0
+        self.pos = 0
+        self.stage = -1
+        self._order = self._shuffle()
+
+    def _shuffle(self) -> list[int]:
+        order = list(range(len(self.tasks)))
+        random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
+        return order
+
+    def next(self, n: int) -> list[Task]:
+        out = []
+        for _ in range(n):
+            if self.pos >= len(self._order):
+                self.epoch += 1
+                self.pos = 0
+                self._order = self._shuffle()
+            out.append(self.tasks[self._order[self.pos]])
+            self.pos += 1
+        return out
+
+    def observe(self, groups: Sequence[TrajectoryGroup]) -> None:
+        """The uniform stream ignores outcomes."""
+
+    def set_tasks(self, tasks: Sequence[Task], stage: int) -> None:
+        """The task list of difficulty ``stage``; a new stage starts at epoch 0, position 0."""
+        self.tasks = _check(tasks)
+        if stage != self.stage:
+            self.epoch, self.pos, self.stage = 0, 0, stage
+        self._order = self._shuffle()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "pos": self.pos, "stage": self.stage}
+
+    def load_state_dict(self, s: dict[str, Any]) -> None:
+        if "epoch" not in s:
+            raise ValueError(
+                "the checkpoint's task stream is a pass-rate curriculum (curriculum.sampler=pass_rate); "
+                "resume it with the same curriculum.sampler"
+            )
+        self.epoch, self.pos = int(s["epoch"]), int(s["pos"])
+        self.stage = int(s.get("stage", -1))  # checkpoints from before difficulty schedules
+        self._order = self._shuffle()
+
+
+def pass_rate_weight(p: float | None, floor: float) -> float:
+    """The sampling weight of a task with recent pass rate ``p`` (None: never tried)."""
+    if p is None:
+        return UNSEEN_WEIGHT
+    return max(p * (1.0 - p), floor)
+
+
+class PassRateSampler:
+    """Draws ``n`` distinct tasks per call (all of them, then more, when ``n`` exceeds the list) with
+    probability proportional to :func:`pass_rate_weight` of their recent pass rate.
+
+    The pass rate of a task is the mean :func:`~flowgrpo.runs.metrics.accuracy_of` over its last
+    ``window`` non-excluded episodes (:meth:`observe`). Weighted sampling without replacement uses
+    Efraimidis & Spirakis's keys ``u^(1/w)`` (2006), with ``u`` from a generator seeded by
+    ``(seed, draw number)``: the draws depend only on the state, never on the global RNG.
+    """
+
+    def __init__(self, tasks: Sequence[Task], seed: int, *, window: int = 8, floor: float = 0.01) -> None:
+        self.tasks = _check(tasks)
+        self.seed, self.window, self.floor = seed, window, floor
+        self.draws = 0
+        self.stage = -1
+        self.history: dict[str, list[float]] = {}
+
+    def pass_rate(self, task_id: str) -> float | None:
+        h = self.history.get(task_id)
+        return sum(h) / len(h) if h else None
+
+    def weights(self) -> list[float]:
+        return [pass_rate_weight(self.pass_rate(t.id), self.floor) for t in self.tasks]
+
+    def next(self, n: int) -> list[Task]:
+        rng = random.Random(self.seed * 1_000_003 + self.draws)
+        self.draws += 1
+        keys = [math.log(1.0 - rng.random()) / w for w in self.weights()]  # log(u) / w, u in (0, 1]
+        ranked = sorted(range(len(self.tasks)), key=lambda i: keys[i], reverse=True)
+        return [self.tasks[ranked[k % len(ranked)]] for k in range(n)]
+
+    def observe(self, groups: Sequence[TrajectoryGroup]) -> None:
+        for g in groups:
+            for t in g.trajectories:
+                if t.excluded is None:
+                    h = self.history.setdefault(t.task_id or g.task.id, [])
+                    h.append(accuracy_of(t))
+                    del h[: -self.window]
+
+    def set_tasks(self, tasks: Sequence[Task], stage: int) -> None:
+        """The task list of difficulty ``stage``; a new stage forgets the pass rates (task ids of
+        another difficulty name other problems)."""
+        self.tasks = _check(tasks)
+        if stage != self.stage:
+            self.stage, self.history = stage, {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"draws": self.draws, "stage": self.stage, "history": copy.deepcopy(self.history)}
+
+    def load_state_dict(self, s: dict[str, Any]) -> None:
+        if "draws" not in s:
+            raise ValueError(
+                "the checkpoint's task stream is a uniform one (curriculum.sampler=uniform); resume it "
+                "with the same curriculum.sampler"
+            )
+        self.draws, self.stage = int(s["draws"]), int(s["stage"])
+        self.history = {str(k): [float(x) for x in v] for k, v in s["history"].items()}
+
+
+def make_sampler(cfg: CurriculumConfig, tasks: Sequence[Task], seed: int) -> TaskSampler:
+    """The sampler ``curriculum.sampler`` names over ``tasks``."""
+    if cfg.sampler == "pass_rate":
+        return PassRateSampler(tasks, seed, window=cfg.window, floor=cfg.floor)
+    return TaskStream(tasks, seed)
+
+
+__all__ = [
+    "CurriculumConfig",
+    "DifficultyStage",
+    "PassRateSampler",
+    "TaskSampler",
+    "TaskStream",
+    "make_sampler",
+    "pass_rate_weight",
+]
