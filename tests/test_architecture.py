@@ -81,7 +81,9 @@ print(json.dumps({{"modules": sorted(graph.modules), "layers": layers}}))
     # the mirror shows the plugins to import-linter (else the plugins' layer would pass unread)
     assert {"flowgrpo.tools.code", "flowgrpo.envs.coding"} <= modules
     assert set(PLUGINS) <= set(layers)
-    outside = sorted(m for m in modules - {"flowgrpo"} if not any(m == L or m.startswith(L + ".") for L in layers))
+    outside = sorted(
+        m for m in modules - {"flowgrpo"} if not any(m == L or m.startswith(L + ".") for L in layers)
+    )
     assert not outside, f"put {outside} in the folder of its concern, or add it to a layer in pyproject.toml"
 
 
