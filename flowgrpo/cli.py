@@ -11,6 +11,7 @@ import argparse
 import errno
 import json
 import logging
+import os
 import sys
 
 
@@ -341,7 +342,8 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         "serve",
         help="serve a model over an OpenAI-compatible HTTP API (/v1/models, /v1/completions, /v1/chat/completions)",
         description="Serve a model with the hf backend over an OpenAI-compatible API (vLLM dialect: token-id "
-        "prompts, token ids and processed logprobs in completions). A development server: no auth, no streaming.",
+        "prompts, token ids and processed logprobs in completions; tools and tool_calls in chat). No streaming; "
+        "docs/gateway.md.",
     )
     p.add_argument(
         "--model",
@@ -357,12 +359,30 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--max-batch-size", type=int, default=64, help="prompts decoded together (default 64)")
     p.add_argument("--served-model-name", help="the model id clients use (default: --model)")
+    p.add_argument(
+        "--api-key-env",
+        help="name of an environment variable holding a key: every request must then send "
+        "'Authorization: Bearer <key>' (default: no key; the server binds loopback)",
+    )
+    p.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=8 * 2**20,
+        help="larger request bodies get a 413 (default 8 MiB)",
+    )
     p.set_defaults(func=_run_serve)
 
 
 def _run_serve(args: argparse.Namespace) -> int:
     from flowgrpo.serving.serve import main as serve_main
 
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            raise SystemExit(
+                f"--api-key-env {args.api_key_env}: that environment variable is not set or empty"
+            )
     return serve_main(
         args.model,
         step=args.step,
@@ -371,6 +391,8 @@ def _run_serve(args: argparse.Namespace) -> int:
         autocast=args.autocast,
         max_batch_size=args.max_batch_size,
         model_name=args.served_model_name,
+        api_key=api_key,
+        max_request_bytes=args.max_request_bytes,
     )
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from flowgrpo.modeling.models import tiny_model
 from flowgrpo.rollout.backends.hf import HFBackend
-from flowgrpo.serving.openai_request import cut_at_stop, unsupported_params
+from flowgrpo.gateway.openai_request import cut_at_stop, unsupported_params
 from flowgrpo.serving.serve import make_server, serve_in_thread
 
 CHAT = [{"role": "user", "content": "What is 12 + 7?"}]

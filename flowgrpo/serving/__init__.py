@@ -1,8 +1,9 @@
 """``flowgrpo serve``: a policy behind an OpenAI-compatible HTTP API, with weight sync.
 
-- :mod:`~flowgrpo.serving.serve`: the server.
-- :mod:`~flowgrpo.serving.openai_request`: each request parameter implemented or refused.
-- :mod:`~flowgrpo.serving.toplogprobs`: the ``logprobs`` / ``top_logprobs`` fields.
+- :mod:`~flowgrpo.serving.serve`: the command (load a model, serve it until interrupted).
 
-May import: :mod:`flowgrpo.runs` and every layer below it; never :mod:`flowgrpo.training`.
+The HTTP app, the request parameters and the recording of agent episodes are in
+:mod:`flowgrpo.gateway`, which the trainer uses too.
+
+May import: :mod:`flowgrpo.gateway` and every layer below it; never :mod:`flowgrpo.training`.
 """
