@@ -393,6 +393,9 @@ def _run_serve(args: argparse.Namespace) -> int:
         model_name=args.served_model_name,
         api_key=api_key,
         max_request_bytes=args.max_request_bytes,
+        record=args.record,
+        max_episode_turns=args.max_episode_turns,
+        max_episode_tokens=args.max_episode_tokens,
     )
 
 

@@ -47,16 +47,28 @@ import socket
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from flowgrpo.chat.format import ChatFormat
+from flowgrpo.chat.openai_messages import (
+    OpenAIFormatError,
+    SchemaTool,
+    as_rendered,
+    assistant_message,
+    messages_from_openai,
+    tools_from_openai,
+)
+from flowgrpo.chat.parsing import HermesParser
 from flowgrpo.gateway.openai_request import (
     Endpoint,
     cut_at_stop,
@@ -64,9 +76,11 @@ from flowgrpo.gateway.openai_request import (
     unsupported_message,
     unsupported_params,
 )
+from flowgrpo.gateway.recorder import EpisodeRecorder, RecordingError, check_id
 from flowgrpo.modeling.weightsync import WeightSyncError, load_weights
-from flowgrpo.rollout.backends.base import GenerationResult, SamplingParams
+from flowgrpo.rollout.backends.base import GenerationResult, RolloutBackend, SamplingParams
 from flowgrpo.rollout.backends.hf import HFBackend
+from flowgrpo.types import Message, ParsedAction, Termination
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +174,20 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(GatewayError(status, message).body(), status_code=status)
 
 
+class RewardPost(BaseModel):
+    """The body of ``POST /v1/episodes/{id}/reward``."""
+
+    model_config = ConfigDict(extra="forbid")
+    reward: float = Field(..., allow_inf_nan=False)
+    breakdown: dict[str, float] = Field(default_factory=dict)
+    task_id: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+def _rendered(messages: list[Message], chat: ChatFormat, parser: HermesParser) -> list[Message]:
+    return as_rendered(messages, parser, native_tool_calls=chat.native_tools)
+
+
 class AsyncReadWriteLock:
     """Many readers (completion requests) or one writer (a weight load) at a time, on one event
     loop; a waiting writer holds back new readers, so a load is not starved by a stream of requests."""
@@ -201,7 +229,8 @@ Handler = Callable[[Request], Awaitable[dict[str, Any]]]
 
 
 class PolicyServer:
-    """The HTTP server: a Starlette app over an :class:`~flowgrpo.rollout.backends.hf.HFBackend`,
+    """The HTTP server: a Starlette app over a rollout backend (an
+    :class:`~flowgrpo.rollout.backends.hf.HFBackend` serves its ``model`` too),
     run by uvicorn on a socket bound at construction (so ``url`` is known before serving; ``port=0``
     picks a free port).
 
@@ -211,16 +240,24 @@ class PolicyServer:
 
     def __init__(
         self,
-        backend: HFBackend,
+        backend: RolloutBackend,
         tokenizer: Any,
         *,
+        model: Any = None,
         model_name: str = "flowgrpo",
         host: str = "127.0.0.1",
         port: int = 0,
         api_key: str | None = None,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        recorder: EpisodeRecorder | None = None,
     ) -> None:
         self.backend = backend
+        self.model = model if model is not None or not isinstance(backend, HFBackend) else backend.model
+        """The served model itself, for what needs more than sampling (top logprobs, weight loads);
+        None for a backend that only samples."""
+        self.recorder = recorder
+        self.parser = HermesParser()
+        self._formats: OrderedDict[str, ChatFormat] = OrderedDict()
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.api_key = api_key or None
@@ -262,6 +299,16 @@ class PolicyServer:
                 methods=["POST"],
             ),
             Route("/v1/load_weights", self._endpoint(self._json(self.load_weights)), methods=["POST"]),
+            # An agent that can only be given a base URL records through the path:
+            # OPENAI_BASE_URL=http://HOST:PORT/episodes/EPISODE_ID/v1
+            Route(
+                "/episodes/{episode_id}/v1/chat/completions",
+                self._endpoint(self._json_request(self.chat_completions)),
+                methods=["POST"],
+            ),
+            Route("/episodes/{episode_id}/v1/models", self._endpoint(self._models), methods=["GET"]),
+            Route("/v1/episodes/{episode_id}/reward", self._endpoint(self._reward), methods=["POST"]),
+            Route("/v1/episodes/{episode_id}", self._endpoint(self._episode_info), methods=["GET"]),
         ]
 
     def _endpoint(self, fn: Handler, *, auth: bool = True) -> Callable[[Request], Awaitable[JSONResponse]]:
@@ -274,6 +321,11 @@ class PolicyServer:
                 return JSONResponse(await fn(request))
             except GatewayError as e:
                 return JSONResponse(e.body(), status_code=e.status)
+            except RecordingError as e:
+                err = GatewayError(e.status, str(e), code=e.code)
+                return JSONResponse(err.body(), status_code=e.status)
+            except OpenAIFormatError as e:
+                return JSONResponse(BadRequest(str(e), param=e.param).body(), status_code=400)
             except Exception as e:  # a server bug answers 500 with its name, and is logged
                 log.exception("request to %s failed", request.url.path)
                 err = GatewayError(500, f"{type(e).__name__}: {e}", type="server_error")
@@ -364,10 +416,14 @@ class PolicyServer:
     async def _top_logprobs(self, prompt: list[int], token_ids: list[int], k: int) -> list[dict[str, Any]]:
         from flowgrpo.gateway.toplogprobs import top_logprobs_content
 
+        model = self._local_model("top logprobs")
         async with self.weights_lock.reading():
-            return await asyncio.to_thread(
-                top_logprobs_content, self.backend.model, self.tokenizer, prompt, token_ids, k
-            )
+            return await asyncio.to_thread(top_logprobs_content, model, self.tokenizer, prompt, token_ids, k)
+
+    def _local_model(self, what: str) -> Any:
+        if self.model is None:
+            raise BadRequest(f"{what} need the served model itself; this server's backend only samples")
+        return self.model
 
     async def completions(self, body: dict[str, Any]) -> dict[str, Any]:
         stops = _accepted_stops(body, "completions")
@@ -453,7 +509,16 @@ class PolicyServer:
         return k
 
     async def chat_completions(self, body: dict[str, Any], request: Request | None = None) -> dict[str, Any]:
-        """Text-mode chat: the messages rendered with the model's chat template as they are."""
+        """Chat. A request with ``tools`` or one that belongs to a recorded episode goes through the
+        chat layer (:meth:`agent_chat`); any other is text mode, rendered as it is."""
+        episode = self._episode_of(body, request)
+        if episode is not None or body.get("tools") or body.get("tool_choice") is not None:
+            return await self.agent_chat(body, episode)
+        return await self.text_chat(body)
+
+    async def text_chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Text-mode chat: the messages rendered with the model's chat template as they are (for
+        evaluation and judging)."""
         stops = _accepted_stops(body, "chat")
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -490,17 +555,218 @@ class PolicyServer:
             "usage": _usage(len(ids) * n, sum(len(r.token_ids) for r in results)),
         }
 
+    # ----------------------------------------------------------------- agents: tools and recording
+    def _episode_of(self, body: dict[str, Any], request: Request | None) -> tuple[str, str, str] | None:
+        """``(episode id, task id, group id)`` of a request to record (the path's
+        ``/episodes/ID/v1``, the ``X-Episode-Id`` header or the ``user`` field; the task from
+        ``X-Task-Id`` or ``metadata.task_id``); None when not recording or no id was sent."""
+        if self.recorder is None:
+            return None
+        headers = request.headers if request is not None else {}
+        params = request.path_params if request is not None else {}
+        meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+        episode = params.get("episode_id") or headers.get("x-episode-id") or meta.get("episode_id")
+        if episode is None and isinstance(body.get("user"), str) and body["user"]:
+            episode = body["user"]
+        if episode is None:
+            return None
+        task = headers.get("x-task-id") or meta.get("task_id") or ""
+        group = headers.get("x-group-id") or meta.get("group_id") or ""
+        return check_id(episode, "the episode id"), task, group
+
+    def chat_format(self, tools: list[SchemaTool]) -> tuple[ChatFormat, str]:
+        """The chat layer for these tools (cached by their schemas) and its key."""
+        key = json.dumps([[t.name, t.description, t.parameters] for t in tools], sort_keys=True)
+        chat = self._formats.get(key)
+        if chat is None:
+            chat = ChatFormat(self.tokenizer, tools=tools, parser=self.parser)
+            self._formats[key] = chat
+            if len(self._formats) > 64:
+                self._formats.popitem(last=False)
+        else:
+            self._formats.move_to_end(key)
+        return chat, key
+
+    async def agent_chat(self, body: dict[str, Any], episode: tuple[str, str, str] | None) -> dict[str, Any]:
+        """Chat through the chat layer: ``tools`` rendered as an environment's are, ``tool``
+        messages as observations, the model's output parsed by the environments' parser into
+        ``tool_calls``; with an episode id the turn is recorded token-exactly."""
+        stops = _accepted_stops(body, "chat")
+        k = self._chat_logprobs_k(body)
+        choice = body.get("tool_choice")
+        if choice not in (None, "auto", "none"):
+            raise BadRequest(
+                "'tool_choice' may be 'auto' or 'none': the model decides which tool to call "
+                "(a forced tool call would not be what the policy sampled)",
+                param="tool_choice",
+            )
+        tools = tools_from_openai(body.get("tools"))
+        messages = messages_from_openai(body.get("messages"))
+        chat, key = self.chat_format(tools)
+        with_tools = bool(tools) and choice != "none"
+        limits = self.recorder.limits if self.recorder is not None else None
+        cap = limits.max_new_tokens if limits is not None else 512
+        asked = body.get("max_tokens") or body.get("max_completion_tokens") or cap
+        params = sampling_params({**body, "max_tokens": asked}, list(chat.end_of_turn_ids))
+        if episode is None:
+            rendered = chat.prompt_messages(_rendered(messages, chat, self.parser))
+            ids = chat.initial_ids(rendered)
+            n = int(body.get("n", 1))
+            results, version = await self.generate([ids] * n, params)
+            out = self._agent_response(body, chat, ids, results, version, stops, with_tools, k, None)
+            await self._finish_logprobs(out, ids, k)
+            return out
+        if int(body.get("n", 1)) != 1:
+            raise BadRequest("a recorded episode samples one answer per request: 'n' must be 1", param="n")
+        assert self.recorder is not None and limits is not None
+        episode_id, task_id, group_id = episode
+        ep = self.recorder.open(episode_id, task_id=task_id, group_id=group_id)
+        async with ep.lock:
+            if ep.closed:
+                raise RecordingError(f"episode {episode_id!r} has ended", status=409, code="episode_closed")
+            if len(ep.traj.turns) >= limits.max_turns:
+                ep.traj.termination = Termination.max_turns
+                raise RecordingError(
+                    f"episode {episode_id!r} reached max_turns={limits.max_turns} model calls; post its "
+                    "reward (the server's recorder limits)",
+                    code="episode_too_long",
+                )
+            ids, resets = ep.prepare(chat, key, messages)
+            full = ep.full_prompt(ids, resets)
+            room = limits.max_context_tokens - len(full)
+            if room < 1:
+                ep.traj.termination = Termination.context_overflow
+                raise RecordingError(
+                    f"episode {episode_id!r} would exceed max_context_tokens={limits.max_context_tokens}; "
+                    "post its reward",
+                    code="context_length_exceeded",
+                )
+            params = params.model_copy(
+                update={"max_new_tokens": min(params.max_new_tokens, limits.max_new_tokens, room)}
+            )
+            results, version = await self.generate([full], params)
+            out = self._agent_response(body, chat, full, results, version, stops, with_tools, k, episode_id)
+            r, parsed = out.pop("_recorded")
+            reply = out["choices"][0]["message"]
+            ep.record(
+                chat=chat,
+                chat_key=key,
+                messages=messages,
+                prompt_ids=ids,
+                resets=resets,
+                result=r,
+                parsed=parsed,
+                reply=messages_from_openai([reply])[0],
+                version=version,
+            )
+            if r.finish_reason == "length" and params.max_new_tokens == room:
+                ep.traj.termination = Termination.context_overflow
+        await self._finish_logprobs(out, full, k)
+        return out
+
+    def _agent_response(
+        self,
+        body: dict[str, Any],
+        chat: ChatFormat,
+        ids: list[int],
+        results: list[GenerationResult],
+        version: int,
+        stops: list[str],
+        with_tools: bool,
+        k: int | None,
+        episode_id: str | None,
+    ) -> dict[str, Any]:
+        decode = chat.decode
+        choices: list[dict[str, Any]] = []
+        recorded: tuple[GenerationResult, ParsedAction] | None = None
+        for i, raw in enumerate(results):
+            r, _ = _stopped(raw, decode, stops)
+            eot = bool(r.token_ids) and r.token_ids[-1] in chat.end_of_turn_ids
+            text = decode(r.token_ids[:-1] if eot else r.token_ids)
+            parsed = self.parser.parse(text)
+            message = assistant_message(parsed, self.parser, with_tools=with_tools)
+            finish = "tool_calls" if message.get("tool_calls") else r.finish_reason
+            choices.append(
+                {
+                    "index": i,
+                    "message": message,
+                    "finish_reason": finish,
+                    "token_ids": r.token_ids,
+                    "policy_version": version,
+                }
+            )
+            recorded = recorded or (r, parsed)
+        out: dict[str, Any] = {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:16]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "policy_version": version,
+            "choices": choices,
+            "usage": _usage(len(ids) * len(results), sum(len(c["token_ids"]) for c in choices)),
+        }
+        if episode_id is not None:
+            out["episode_id"] = episode_id
+            out["_recorded"] = recorded
+        return out
+
+    async def _finish_logprobs(self, out: dict[str, Any], ids: list[int], k: int | None) -> None:
+        if k is None:
+            return
+        for choice in out["choices"]:
+            choice["logprobs"] = {"content": await self._top_logprobs(ids, choice["token_ids"], k)}
+
+    async def _reward(self, request: Request) -> dict[str, Any]:
+        """``POST /v1/episodes/{id}/reward`` ``{"reward": R, "breakdown": {...}, "task_id": ...}``:
+        end the episode with its reward; it is written to the run directory."""
+        if self.recorder is None:
+            raise GatewayError(
+                404, "this server records no episodes: start it with --record RUN_DIR", code="not_recording"
+            )
+        body = await self.read_json(request)
+        try:
+            post = RewardPost.model_validate(body)
+        except ValidationError as e:
+            raise BadRequest(f"bad reward: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}") from e
+        episode_id = check_id(request.path_params["episode_id"], "the episode id")
+        ep = self.recorder.get(episode_id)
+        async with ep.lock:  # a request of this episode in flight is recorded first
+            traj = self.recorder.close(
+                episode_id, post.reward, post.breakdown, task_id=post.task_id, metadata=post.metadata
+            )
+        return {
+            "episode_id": episode_id,
+            "task_id": traj.task_id,
+            "turns": len(traj.turns),
+            "reward": traj.reward,
+            "termination": traj.termination.value,
+            "policy_version": traj.policy_version,
+        }
+
+    async def _episode_info(self, request: Request) -> dict[str, Any]:
+        if self.recorder is None:
+            raise GatewayError(404, "this server records no episodes: start it with --record RUN_DIR")
+        ep = self.recorder.get(request.path_params["episode_id"])
+        return {
+            "episode_id": ep.id,
+            "task_id": ep.traj.task_id,
+            "turns": len(ep.traj.turns),
+            "context_tokens": len(ep.context),
+            "context_resets": ep.traj.metadata.get("context_resets", 0),
+        }
+
     async def load_weights(self, body: dict[str, Any]) -> dict[str, Any]:
         """Copy the trainer's weights file into the served model and adopt its version."""
         path, version = body.get("path"), body.get("version")
         if not isinstance(path, str) or not isinstance(version, int) or isinstance(version, bool):
             raise BadRequest("'path' (a safetensors file) and 'version' (an integer) are required")
+        model = self._local_model("weight loads")
         async with self.weights_lock.writing():
             try:
-                n = await asyncio.to_thread(load_weights, self.backend.model, path)
+                n = await asyncio.to_thread(load_weights, model, path)
             except WeightSyncError as e:
                 raise BadRequest(str(e), param="path") from e
-            self.backend.sync_weights(self.backend.model, version=version)  # drops cached prefixes
+            self.backend.sync_weights(model, version=version)  # drops cached prefixes
             self.policy_version = version
         log.info("loaded policy version %d from %s (%d tensors)", version, path, n)
         return {"policy_version": version, "tensors": n}
@@ -559,24 +825,28 @@ class PolicyServer:
 
 
 def make_server(
-    backend: HFBackend,
+    backend: RolloutBackend,
     tokenizer: Any,
     *,
+    model: Any = None,
     model_name: str = "flowgrpo",
     host: str = "127.0.0.1",
     port: int = 0,
     api_key: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    recorder: EpisodeRecorder | None = None,
 ) -> PolicyServer:
     """A bound (not yet serving) server; ``port=0`` picks a free port (see ``server.url``)."""
     return PolicyServer(
         backend,
         tokenizer,
+        model=model,
         model_name=model_name,
         host=host,
         port=port,
         api_key=api_key,
         max_request_bytes=max_request_bytes,
+        recorder=recorder,
     )
 
 

@@ -31,7 +31,17 @@ _COMMON = frozenset(
 )
 IMPLEMENTED: dict[Endpoint, frozenset[str]] = {
     "completions": _COMMON | {"prompt", "logprobs", "return_tokens_as_token_ids"},
-    "chat": _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"},
+    "chat": _COMMON
+    | {
+        "messages",
+        "max_completion_tokens",
+        "logprobs",
+        "top_logprobs",
+        "tools",  # rendered by the chat layer; tool_calls parsed by the environments' parser
+        "tool_choice",  # "auto" or "none" (a forced call is refused by the server)
+        "parallel_tool_calls",  # the calls the model writes are returned as written
+        "metadata",  # task_id / episode_id / group_id of a recorded episode; otherwise metadata
+    },
 }
 # Values that ask for nothing: the parameter may be present with them.
 NEUTRAL: dict[str, tuple[Any, ...]] = {

@@ -23,15 +23,23 @@ def main(
     step: int | None = None,
     api_key: str | None = None,
     max_request_bytes: int | None = None,
+    record: str | None = None,
+    max_episode_turns: int = 64,
+    max_episode_tokens: int = 8192,
 ) -> int:
     """Entry point of ``flowgrpo serve``: load ``model`` (a run directory's checkpoint, an exported
     directory, a model name) and serve until interrupted."""
     from flowgrpo.gateway.app import DEFAULT_MAX_REQUEST_BYTES
+    from flowgrpo.gateway.recorder import EpisodeRecorder, RecorderLimits
     from flowgrpo.rollout.backends.hf import HFBackend
     from flowgrpo.runs.export import load_served_policy
 
     m, tok = load_served_policy(model, step=step)
     backend = HFBackend(m, tok, max_batch_size=max_batch_size, autocast_dtype=autocast)
+    recorder = None
+    if record:
+        limits = RecorderLimits(max_turns=max_episode_turns, max_context_tokens=max_episode_tokens)
+        recorder = EpisodeRecorder(record, limits)
     server = make_server(
         backend,
         tok,
@@ -40,14 +48,19 @@ def main(
         port=port,
         api_key=api_key,
         max_request_bytes=max_request_bytes or DEFAULT_MAX_REQUEST_BYTES,
+        recorder=recorder,
     )
     print(f"flowgrpo serve: {model} at {server.url}/v1", flush=True)
+    if record:
+        print(f"flowgrpo serve: recording episodes into {record}/trajectories/", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
         server.server_close()
+        if recorder is not None:  # what was left open is written, excluded, never lost
+            recorder.end_open("server stopped before the episode's reward")
     return 0
 
 
