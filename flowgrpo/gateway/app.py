@@ -250,8 +250,12 @@ class PolicyServer:
         api_key: str | None = None,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         recorder: EpisodeRecorder | None = None,
+        sampling: SamplingParams | None = None,
     ) -> None:
         self.backend = backend
+        self.sampling = sampling
+        """Imposed on recorded requests (temperature, top-p, top-k) when set: a trainer scores the
+        recorded logprobs under its own sampling settings, whatever the agent program asks for."""
         self.model = model if model is not None or not isinstance(backend, HFBackend) else backend.model
         """The served model itself, for what needs more than sampling (top logprobs, weight loads);
         None for a backend that only samples."""
@@ -641,9 +645,16 @@ class PolicyServer:
                     "post its reward",
                     code="context_length_exceeded",
                 )
-            params = params.model_copy(
-                update={"max_new_tokens": min(params.max_new_tokens, limits.max_new_tokens, room)}
-            )
+            update: dict[str, Any] = {
+                "max_new_tokens": min(params.max_new_tokens, limits.max_new_tokens, room)
+            }
+            if self.sampling is not None:
+                update.update(
+                    temperature=self.sampling.temperature,
+                    top_p=self.sampling.top_p,
+                    top_k=self.sampling.top_k,
+                )
+            params = params.model_copy(update=update)
             results, version = await self.generate([full], params)
             out = self._agent_response(body, chat, full, results, version, stops, with_tools, k, episode_id)
             r, parsed = out.pop("_recorded")
@@ -771,6 +782,13 @@ class PolicyServer:
         log.info("loaded policy version %d from %s (%d tensors)", version, path, n)
         return {"policy_version": version, "tensors": n}
 
+    async def set_policy_version(self, version: int) -> None:
+        """The served model's weights were changed in place by their owner (the trainer): requests
+        from now on report ``version``; one in flight finishes first; cached prefixes are dropped."""
+        async with self.weights_lock.writing():
+            self.backend.sync_weights(self.model, version=version)
+            self.policy_version = version
+
     # ----------------------------------------------------------------- lifecycle
     @property
     def url(self) -> str:
@@ -835,6 +853,7 @@ def make_server(
     api_key: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     recorder: EpisodeRecorder | None = None,
+    sampling: SamplingParams | None = None,
 ) -> PolicyServer:
     """A bound (not yet serving) server; ``port=0`` picks a free port (see ``server.url``)."""
     return PolicyServer(
@@ -847,6 +866,7 @@ def make_server(
         api_key=api_key,
         max_request_bytes=max_request_bytes,
         recorder=recorder,
+        sampling=sampling,
     )
 
 

@@ -266,6 +266,8 @@ class EpisodeRecorder:
             ep.traj.task_id = check_id(task_id, "the task id")
             if ep.traj.group_id == episode_id:
                 ep.traj.group_id = f"task:{task_id}"
+        if ep.traj.termination == Termination.finished and ep.traj.turns[-1].finish_reason == "length":
+            ep.traj.termination = Termination.max_tokens  # as the engine says of a cut last action
         ep.traj.reward = float(reward)
         ep.traj.reward_breakdown = {k: float(v) for k, v in (breakdown or {}).items()}
         if metadata:

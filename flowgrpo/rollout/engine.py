@@ -67,10 +67,59 @@ from flowgrpo.utils import interrupt
 log = logging.getLogger(__name__)
 
 
+class GatewayAgentConfig(BaseModel):
+    """``rollout.source: gateway``: the agent program the trainer runs once per episode, as its own
+    process, against the trainer's policy served by the gateway (docs/gateway.md).
+
+    Exactly one of ``command`` (any program) or ``callable`` (a Python function) is given."""
+
+    model_config = ConfigDict(extra="forbid")
+    command: list[str] | None = Field(
+        None,
+        description="the agent program's argv, e.g. ['{python}', examples/langchain_agent/agent.py] ('{python}': "
+        "the trainer's interpreter); it finds "
+        "its episode in the environment (OPENAI_BASE_URL, FLOWGRPO_EPISODE_ID, FLOWGRPO_TASK...) and posts "
+        "its reward",
+    )
+    callable: str | None = Field(
+        None,
+        description="'package.module:function', called as function(EpisodeContext) in a process of its own; "
+        "a number (or a (reward, breakdown) pair) it returns is posted as the reward",
+    )
+    timeout_s: float = Field(300.0, gt=0, description="an episode's program is killed after this long")
+    max_concurrency: int = Field(16, ge=1, description="agent programs running at once")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment of every agent program")
+    cwd: str | None = Field(
+        None, description="working directory of the agent programs (default: the trainer's)"
+    )
+
+    @model_validator(mode="after")
+    def _one_agent(self) -> GatewayAgentConfig:
+        if (self.command is None) == (self.callable is None):
+            raise ValueError(
+                "rollout.gateway needs exactly one of 'command' (an argv list) or 'callable' "
+                "('package.module:function')"
+            )
+        if self.command is not None and not self.command:
+            raise ValueError("rollout.gateway.command is empty: give the agent program's argv")
+        if self.callable is not None and ":" not in self.callable:
+            raise ValueError(
+                f"rollout.gateway.callable must be 'package.module:function', got {self.callable!r}"
+            )
+        return self
+
+
 class RolloutConfig(BaseModel):
     """The backend that samples episodes, and the limits and sampling of rollouts."""
 
     model_config = ConfigDict(extra="forbid")
+    source: Literal["engine", "gateway"] = Field(
+        "engine",
+        description="engine: episodes of the config's environment run by the rollout engine; gateway: "
+        "episodes of an agent program the trainer runs per episode (rollout.gateway), its model calls "
+        "recorded by the gateway and its reward posted by the program",
+    )
+    gateway: GatewayAgentConfig | None = Field(None, description="the agent program of source=gateway")
     backend: BackendName = Field(
         "hf",
         description="hf: the trainer's own model (CPU or GPU); openai: an OpenAI-compatible server "
@@ -107,6 +156,20 @@ class RolloutConfig(BaseModel):
         greedy decoding, whose logprobs are those of the raw model)."""
         t = self.sampling.temperature
         return t if t > 0 else 1.0
+
+    @model_validator(mode="after")
+    def _gateway_agent(self) -> RolloutConfig:
+        if self.source == "gateway" and self.gateway is None:
+            raise ValueError(
+                "rollout.source=gateway needs the agent program: set rollout.gateway.command (an argv "
+                "list) or rollout.gateway.callable ('package.module:function')"
+            )
+        if self.source == "gateway" and self.backend != "hf":
+            raise ValueError(
+                "rollout.source=gateway serves the trainer's own model: use rollout.backend=hf "
+                f"(got {self.backend!r})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _server_named(self) -> RolloutConfig:

@@ -37,6 +37,15 @@ def train_and_evaluate(
 
     t0 = time.monotonic()
     trainer = Trainer(cfg)
+    try:
+        return _train_and_evaluate(trainer, cfg, t0, eval_n=eval_n, untrained_n=untrained_n, report=report)
+    finally:
+        trainer.close()  # what the trainer started beside itself (rollout.source=gateway's server)
+
+
+def _train_and_evaluate(
+    trainer: Any, cfg: TrainConfig, t0: float, *, eval_n: int | None, untrained_n: int | None, report: bool
+) -> dict[str, Any]:
     if not trainer.dist.is_main:  # torchrun: rank 0 evaluates and reports; this rank trains in step
         if cfg.sft.enabled and trainer.step == 0 and not trainer.counters["sft_done"]:
             trainer.warm_start()

@@ -55,6 +55,8 @@ from flowgrpo.algorithms.loss import entropy_top_q_threshold, policy_loss, trunc
 from flowgrpo.components import Components, GroupScorer, build, env_factory_of
 from flowgrpo.config import TrainConfig, dump_config
 from flowgrpo.env import Environment, Split
+from flowgrpo.gateway.agents import GatewayRollout
+from flowgrpo.gateway.agents import summarize as summarize_gateway
 from flowgrpo.modeling.logprobs import action_logprobs
 from flowgrpo.modeling.lora import is_lora, reference_mode
 from flowgrpo.rollout.engine import RolloutEngine
@@ -155,6 +157,16 @@ class Trainer:
             cfg, self.model, parts.autocast
         )  # PPO's value model; None for group baselines
         self.engine = RolloutEngine(parts.backend, parts.tokenizer, cfg.rollout, agent=parts.agent)
+        # rollout.source=gateway: episodes come from agent programs calling the policy over HTTP
+        self.gateway: GatewayRollout | None = None
+        if cfg.rollout.source == "gateway":
+            if self.dist.enabled or cfg.train.async_staleness:
+                raise ValueError(
+                    "rollout.source=gateway runs in one process with synchronous rollouts: unset "
+                    "train.async_staleness and run without torchrun"
+                )
+            assert cfg.rollout.gateway is not None  # the config's validator says so
+            self.gateway = GatewayRollout(parts.backend, parts.tokenizer, cfg.rollout, cfg.rollout.gateway)
         # train.parallel=fsdp2 under torchrun: the trained copy is sharded (flowgrpo.training.fsdp); the full
         # model keeps serving rollout, evaluation and checkpoints
         self.sharded = ShardedPolicy(self.model, self.dist.world_size) if self._fsdp() else None
@@ -310,6 +322,12 @@ class Trainer:
             self.idle.summary()
         return {"status": status, "step": self.step, **last}
 
+    def close(self) -> None:
+        """Stop what the trainer started beside itself (the gateway of ``rollout.source=gateway``)."""
+        if self.gateway is not None:
+            self.gateway.close()
+            self.gateway = None
+
     def train_step(self) -> dict[str, Any]:
         """One RL step: rollout -> rewards -> advantages -> updates -> logs. Returns its metrics."""
         cfg, t0 = self.cfg, time.monotonic()
@@ -391,14 +409,18 @@ class Trainer:
         tasks = self.stream.next(n_tasks)
         # torchrun: this rank's shard of the tasks, seeded as in one call over all of them
         mine = distributed.shard(len(tasks), self.dist.rank, self.dist.world_size)
-        groups = self.engine.run_groups(
-            self.env_factory,
-            tasks[mine.start : mine.stop],
-            cfg.train.group_size,
-            policy_version=self.step,
-            first_episode=mine.start * cfg.train.group_size,
-        )
-        self.reward.score_groups(groups)
+        if self.gateway is not None:  # the agent programs posted the rewards themselves
+            groups = self.gateway.run_groups(tasks, cfg.train.group_size, policy_version=self.step)
+            log.info("gateway rollout: %s", summarize_gateway(groups))
+        else:
+            groups = self.engine.run_groups(
+                self.env_factory,
+                tasks[mine.start : mine.stop],
+                cfg.train.group_size,
+                policy_version=self.step,
+                first_episode=mine.start * cfg.train.group_size,
+            )
+            self.reward.score_groups(groups)
         self._mine.update(t.id for g in groups for t in g.trajectories)
         groups = distributed.gather_groups(groups, self.dist)  # every rank: all groups, task order
         self._episode_rules(groups)
@@ -850,7 +872,11 @@ class Trainer:
 
 def train(config: TrainConfig) -> dict[str, Any]:
     """Build a :class:`Trainer` from ``config`` and run it."""
-    return Trainer(config).train()
+    trainer = Trainer(config)
+    try:
+        return trainer.train()
+    finally:
+        trainer.close()
 
 
 def train_from_args(config_path: str | None, overrides: Sequence[str] = ()) -> dict[str, Any]:
