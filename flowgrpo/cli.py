@@ -370,6 +370,16 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         default=8 * 2**20,
         help="larger request bodies get a 413 (default 8 MiB)",
     )
+    p.add_argument(
+        "--record",
+        metavar="RUN_DIR",
+        help="record agent episodes (requests with an episode id: X-Episode-Id, 'user', or /episodes/ID/v1) "
+        "as trajectories in RUN_DIR/trajectories/ (docs/gateway.md)",
+    )
+    p.add_argument("--max-episode-turns", type=int, default=64, help="model calls per recorded episode")
+    p.add_argument(
+        "--max-episode-tokens", type=int, default=8192, help="context tokens of a recorded episode"
+    )
     p.set_defaults(func=_run_serve)
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from flowgrpo.gateway.openai_request import cut_at_stop, unsupported_params
 from flowgrpo.modeling.models import tiny_model
 from flowgrpo.rollout.backends.hf import HFBackend
-from flowgrpo.gateway.openai_request import cut_at_stop, unsupported_params
 from flowgrpo.serving.serve import make_server, serve_in_thread
 
 CHAT = [{"role": "user", "content": "What is 12 + 7?"}]
