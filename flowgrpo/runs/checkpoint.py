@@ -35,8 +35,8 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from flowgrpo.utils.files import atomic_directory
 from flowgrpo.modeling.lora import adapter_state_dict, is_lora, load_adapter_state
+from flowgrpo.utils.files import atomic_directory
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +73,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-
-
 
 
 def checkpoint_dir(root: str | os.PathLike, step: int) -> Path:

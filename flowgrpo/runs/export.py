@@ -18,12 +18,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from flowgrpo.runs.checkpoint import load_checkpoint
 from flowgrpo.components import load_policy
 from flowgrpo.config import TrainConfig, dump_config
-from flowgrpo.utils.files import atomic_directory
 from flowgrpo.modeling.lora import apply_lora, is_lora, merged_model
+from flowgrpo.runs.checkpoint import load_checkpoint
 from flowgrpo.runs.rundir import RunDir, RunError
+from flowgrpo.utils.files import atomic_directory
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,7 @@ def exported_config(path: str | os.PathLike, overrides: list[str] | None = None)
 def load_served_policy(name_or_path: str, *, step: int | None = None) -> tuple[Any, Any]:
     """``(model, tokenizer)`` for a run directory, an exported directory, ``tiny`` or a model name."""
     from flowgrpo.modeling import models
+
     if is_run_dir(name_or_path):
         model, tok, _, at = checkpoint_policy(name_or_path, step)
         log.info("serving %s at step %d", name_or_path, at)
