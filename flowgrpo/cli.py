@@ -357,6 +357,9 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--max-batch-size", type=int, default=64, help="prompts decoded together (default 64)")
     p.add_argument("--served-model-name", help="the model id clients use (default: --model)")
+    p.add_argument(
+        "--device", default="auto", help="auto (cuda when there is a GPU, else cpu), cpu, cuda or cuda:N"
+    )
     p.set_defaults(func=_run_serve)
 
 
@@ -371,6 +374,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         autocast=args.autocast,
         max_batch_size=args.max_batch_size,
         model_name=args.served_model_name,
+        device=args.device,
     )
 
 
@@ -386,6 +390,11 @@ def add_export_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("run", help="the run directory")
     p.add_argument("out", help="the directory to write (replaced if it exists)")
     p.add_argument("--step", type=int, help="the checkpoint's step (default: the latest)")
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="where the policy is rebuilt and merged: auto (default), cpu, cuda or cuda:N; the files are the same",
+    )
     p.set_defaults(func=_run_export)
 
 
@@ -395,7 +404,7 @@ def _run_export(args: argparse.Namespace) -> int:
     if not is_run_dir(args.run):
         print(f"error: {args.run} is not a run directory (no config.yaml and checkpoints/)", file=sys.stderr)
         return 2
-    out = export_checkpoint(args.run, args.out, step=args.step)
+    out = export_checkpoint(args.run, args.out, step=args.step, device=args.device)
     print(f"exported to {out}: load it with transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})")
     return 0
 

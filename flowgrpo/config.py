@@ -16,16 +16,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from flowgrpo.algorithms.curriculum import CurriculumConfig
+from flowgrpo.modeling.hardware import check_device_setting
 from flowgrpo.modeling.lora import LoraSpec
 from flowgrpo.rewards import RewardSpec
 from flowgrpo.rollout.agentflow.config import AgentConfig
 from flowgrpo.rollout.engine import RolloutConfig
 from flowgrpo.types import Termination
+from flowgrpo.utils.errors import ConfigError
 from flowgrpo.utils.foreign_names import key_hint, value_hint
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot be used; the message says how to fix it."""
 
 
 class _Section(BaseModel):
@@ -45,11 +43,25 @@ class ModelConfig(_Section):
         description="autocast dtype for forward passes (rollout and training); null = off; auto = bfloat16 "
         "on CUDA or a CPU with native bf16 (AVX512-BF16/AMX), else off (emulated bf16 is slower than fp32)",
     )
-    device: str | None = None
+    device: str = Field(
+        "auto",
+        description="where the policy runs: auto = cuda when this torch sees a GPU, else cpu (under "
+        "torchrun: each rank's cuda:LOCAL_RANK); cpu; cuda; cuda:N",
+    )
     lora: LoraSpec | None = Field(
         None,
         description="LoRA adapters through peft (r, alpha, target_modules, dropout); null = full fine-tuning",
     )
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _device(cls, v: Any) -> Any:
+        # null: configs written before ``auto`` existed (their null meant the default device)
+        if v is None:
+            return "auto"
+        if isinstance(v, str):
+            return check_device_setting(v)
+        return v
 
 
 class EnvConfig(_Section):

@@ -60,3 +60,21 @@ def test_an_unwritable_output_directory_names_path_and_errno(tmp_path, capsys):
     cfg.write_text("model:\n  name: tiny\n")
     err = _fails(capsys, _train(cfg, "run.output_dir=/sys/flowgrpo-run"))  # read-only, even for root
     assert "cannot write /sys/flowgrpo-run" in err and "[Errno" in err
+
+
+@pytest.mark.parametrize(
+    ("argv_sets", "expected"),
+    [
+        (["model.device=cuda"], "model.device=cuda: this torch"),  # CPU-only here (tests see no GPU)
+        (["model.device=cuda:1"], "model.device=cuda:1: this torch"),
+        (["model.device=gpu"], "unknown device 'gpu'; did you mean 'cuda'?"),
+    ],
+)
+def test_a_device_this_machine_lacks_says_how_to_get_one(tmp_path, capsys, argv_sets, expected):
+    cfg = tmp_path / "dev.yaml"
+    cfg.write_text("model:\n  name: tiny\n")
+    err = _fails(capsys, _train(cfg, f"run.output_dir={tmp_path / 'out'}", *argv_sets))
+    assert expected in err
+    if "this torch" in expected:
+        assert "model.device=cpu (or auto)" in err
+    assert not (tmp_path / "out" / "checkpoints").exists()  # nothing trained

@@ -69,10 +69,10 @@ from flowgrpo.types import Message
 
 register_reward("accuracy", AccuracyReward)
 register_reward("format", FormatReward)
-register_reward("judge", JudgeReward)
+register_reward("judge", JudgeReward, places_model=True)
 register_reward("diversity", DiversityReward)
-register_reward("verifier", VerifierReward)
-register_reward("reward_model", RewardModelReward)
+register_reward("verifier", VerifierReward, places_model=True)
+register_reward("reward_model", RewardModelReward, places_model=True)
 register_reward("turn_cost", TurnCostReward)
 
 __all__ = [

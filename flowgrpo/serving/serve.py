@@ -379,13 +379,14 @@ def main(
     max_batch_size: int,
     model_name: str | None,
     step: int | None = None,
+    device: str = "auto",
 ) -> int:
     """Entry point of ``flowgrpo serve``: load ``model`` (a run directory's checkpoint, an exported
-    directory, a model name) and serve until interrupted."""
+    directory, a model name) on ``device`` and serve until interrupted."""
     from flowgrpo.rollout.backends.hf import HFBackend
     from flowgrpo.runs.export import load_served_policy
 
-    m, tok = load_served_policy(model, step=step)
+    m, tok = load_served_policy(model, step=step, device=device)
     backend = HFBackend(m, tok, max_batch_size=max_batch_size, autocast_dtype=autocast)
     server = make_server(backend, tok, model_name=model_name or model, host=host, port=port)
     print(f"flowgrpo serve: {model} at {server.url}/v1", flush=True)
