@@ -116,9 +116,7 @@ def build(
     if env_factory is None:
         env_factory = env_factory_of(cfg.env)
     if reward is None:
-        from flowgrpo.rewards import CompositeReward
-
-        reward = CompositeReward(cfg.rewards, device=str(device))
+        reward = _composite_reward(cfg, str(device))
     autocast = resolve_autocast(cfg.model.autocast, device.type)
     if backend is None:
         backend = make_backend(cfg, model, tokenizer, autocast)
@@ -167,10 +165,47 @@ def check_env_name(name: str) -> None:
         )
 
 
+def _signature_mismatch(e: TypeError) -> bool:
+    """Whether ``e`` says a call's keyword arguments do not fit the function (a config naming
+    arguments a plugin does not take), not a failure inside it."""
+    text = str(e)
+    return (
+        "unexpected keyword argument" in text
+        or "required keyword-only argument" in text
+        or ("missing" in text and "required positional argument" in text)
+    )
+
+
+def _composite_reward(cfg: TrainConfig, device: str) -> Any:
+    """The ``rewards`` section's composite; a name no reward has, or kwargs a reward does not take,
+    is a :class:`~flowgrpo.config.ConfigError` (one line on the command line), not a traceback."""
+    from flowgrpo.config import ConfigError
+    from flowgrpo.rewards import CompositeReward, UnknownRewardError
+
+    try:
+        return CompositeReward(cfg.rewards, device=device)
+    except UnknownRewardError as e:
+        raise ConfigError(f"rewards: {e}") from e
+    except TypeError as e:
+        if not _signature_mismatch(e):
+            raise
+        raise ConfigError(
+            f"rewards: {e}: fix that reward's rewards.N.kwargs (its constructor's arguments)"
+        ) from e
+
+
 def _make_env(name: str, kwargs: dict[str, Any]) -> Environment:
+    from flowgrpo.config import ConfigError
     from flowgrpo.env import make
 
-    return make(name, **kwargs)
+    try:
+        return make(name, **kwargs)
+    except TypeError as e:
+        if not _signature_mismatch(e):
+            raise
+        raise ConfigError(
+            f"env.kwargs: environment {name!r} does not take {sorted(kwargs)}: {e}; fix env.kwargs"
+        ) from e
 
 
 def load_policy(cfg: TrainConfig) -> tuple[Any, Any]:

@@ -61,6 +61,14 @@ class GroupRewardFn(Protocol):
     def __call__(self, group: TrajectoryGroup) -> list[float]: ...
 
 
+class UnknownRewardError(KeyError):
+    """A reward name that is neither registered, declared by an entry point, nor ``module:attr``;
+    the message lists the known ones."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument
+        return str(self.args[0])
+
+
 class RewardSpec(BaseModel):
     """One term of a composite reward: ``weight * make_reward(name, **kwargs)``."""
 
@@ -155,7 +163,7 @@ def make_reward(name: str, *, default_device: str | None = None, **kwargs: Any) 
         return build_plugin(load_object(name), kwargs, what="reward", name=name)
     ep = _entry_points().get(name)
     if ep is None:
-        raise KeyError(
+        raise UnknownRewardError(
             f"unknown reward {name!r}; known: {', '.join(list_rewards())} (add one with register_reward, "
             f'the entry-point group "{ENTRY_POINT_GROUP}", or name it as module:attr or path/to/file.py:attr)'
         )

@@ -51,6 +51,11 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be read; the message is one line naming the file and the cause."""
 
 
+class MissingCheckpointError(FileNotFoundError):
+    """No checkpoint where one was named (``--checkpoint``, ``run.resume``); the message says what
+    a checkpoint path looks like."""
+
+
 class ReferencePointer(BaseModel):
     """Where the frozen reference model comes from, so a checkpoint need not copy it.
 
@@ -279,8 +284,9 @@ def read_checkpoint(path: str | os.PathLike, *, with_optimizer: bool = True) -> 
     d = p.parent if p.name == STATE_FILE else p
     f = d / STATE_FILE
     if not f.is_file():
-        raise FileNotFoundError(
-            f"no checkpoint at {p} (expected {f}); list them with flowgrpo.runs.checkpoint.list_checkpoints"
+        raise MissingCheckpointError(
+            f"no checkpoint at {p} (expected {f}): name a checkpoint directory such as "
+            "RUN/checkpoints/step_000010 (flowgrpo.runs.checkpoint.list_checkpoints lists a run's)"
         )
     state = _torch_load(f, weights_only=False)
     if not isinstance(state, dict) or "step" not in state:

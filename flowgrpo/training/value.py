@@ -90,8 +90,18 @@ class Critic:
             trainable = list(self.model.head.parameters())  # the backbone is the policy's to step
         else:
             if cfg.value_model_path is not None:
+                from pathlib import Path
+
                 from transformers import AutoModel
 
+                from flowgrpo.modeling.models import ModelLoadError
+
+                if not (Path(cfg.value_model_path) / "config.json").is_file():
+                    raise ModelLoadError(
+                        f"algorithm.ppo.value_model_path={cfg.value_model_path!r} is not a local Hugging Face "
+                        "model directory (no config.json): pass one (e.g. flowgrpo export RUN DIR), or "
+                        "algorithm.ppo.value_model_path=null to copy the policy's backbone"
+                    )
                 backbone = AutoModel.from_pretrained(cfg.value_model_path).to(device)  # loaded on the CPU
                 hidden = _hidden_size(backbone)
             else:
