@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 DEMO_ARGS ?=
 
-.PHONY: demo test test-all lint bench env
+.PHONY: demo test test-all test-gpu lint bench env
 
 env:
 	@bash scripts/bootstrap.sh
@@ -20,6 +20,11 @@ test: env
 
 test-all: env
 	$(PY) -m pytest -q -m ""
+
+# The GPU suite (tests marked gpu): one RL step on cuda per training path, eval/export/serve on
+# cuda, 2 NCCL ranks when two GPUs are present. Skips cleanly on a machine without CUDA.
+test-gpu: env
+	$(PY) -m pytest -q -m gpu -rs
 
 lint: env
 	$(PY) -m ruff check . && $(PY) -m ruff format --check .

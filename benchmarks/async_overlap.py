@@ -76,7 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tasks-per-step", type=int, default=4)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--staleness", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--device", default=None, help="cpu (default) or cuda")
+    ap.add_argument(
+        "--device",
+        default=None,
+        help="model.device: auto (default: cuda when there is a GPU), cpu, cuda or cuda:N",
+    )
     ap.add_argument("--cache", default="runs/bench_cache")
     ap.add_argument("--out", default="runs/bench_async")
     ap.add_argument("--set", nargs="*", default=[], help="more config overrides")

@@ -13,6 +13,61 @@ import json
 import logging
 import os
 import sys
+from typing import NoReturn
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a mistake is one line on stderr (exit 2) that names the fix, not a usage block:
+    an unknown option gets the closest valid one, and ``--help`` stays the place for the full list."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _count(low: int, what: str = "a count"):
+    """An argparse ``type`` for integers >= ``low`` (``--n 0`` or ``--n -3`` is a mistake, not a
+    request to evaluate every task, or all but three)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer ({what})") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below {low} ({what} of at least {low})")
+        return value
+
+    return parse
+
+
+def _port(text: str) -> int:
+    port = _count(0, "a TCP port")(text)
+    if port > 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port (0-65535; 0 picks a free one)")
+    return port
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object, e.g. '{{\"difficulty\": 2}}'")
+    return value
+
+
+def _unknown_options(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """``unrecognized arguments`` with the closest valid option of the subcommand for each."""
+    import difflib
+
+    known = [s for a in parser._actions for s in a.option_strings]
+    parts = []
+    for arg in extras:
+        flag = arg.split("=", 1)[0]
+        close = difflib.get_close_matches(flag.replace("_", "-"), known, n=1, cutoff=0.6)
+        parts.append(f"{arg} (did you mean {close[0]}?)" if close and flag.startswith("-") else arg)
+    return f"unrecognized arguments: {' '.join(parts)}"
 
 
 def _first_line(text: str | None) -> str:
@@ -35,7 +90,7 @@ def add_replay_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--task", help="only trajectories of this task id")
     p.add_argument("--traj", help="the K-th trajectory of the selection, or a trajectory id")
     p.add_argument(
-        "--limit", type=int, default=4, help="print at most this many trajectories in full (default 4)"
+        "--limit", type=_count(0), default=4, help="print at most this many trajectories in full (default 4)"
     )
     p.add_argument(
         "--color",
@@ -60,7 +115,9 @@ def add_replay_parser(subparsers: argparse._SubParsersAction) -> None:
         help="run the recorded tool calls against the environment and report differing observations",
     )
     p.add_argument("--env", help="environment name (default: the run's config.yaml)")
-    p.add_argument("--env-kwargs", type=json.loads, help="environment kwargs as JSON (default: the config's)")
+    p.add_argument(
+        "--env-kwargs", type=_json_object, help="environment kwargs as a JSON object (default: the config's)"
+    )
     p.set_defaults(func=_run_replay)
 
 
@@ -79,7 +136,7 @@ def add_report_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("run", help="the run directory")
     p.add_argument("-o", "--output", help="output HTML path (default RUN/report.html)")
-    p.add_argument("--max-trajectories", type=int, default=8, help="trajectories shown (default 8)")
+    p.add_argument("--max-trajectories", type=_count(0), default=8, help="trajectories shown (default 8)")
     p.add_argument(
         "--step",
         type=int,
@@ -211,12 +268,12 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
     debug.add_argument("--step", type=int, help="with --update-only: the saved step to replay")
     p.add_argument(
         "--eval-n",
-        type=int,
+        type=_count(0),
         default=100,
         help="held-out tasks evaluated after the warm start and after RL (0: skip)",
     )
     p.add_argument(
-        "--untrained-n", type=int, help="held-out tasks evaluated before training (default: --eval-n)"
+        "--untrained-n", type=_count(0), help="held-out tasks evaluated before training (default: --eval-n)"
     )
     p.add_argument("--no-report", action="store_true", help="skip plot.png and report.html")
     p.set_defaults(func=_run_train)
@@ -279,10 +336,10 @@ def add_eval_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     _config_args(p)
     p.add_argument("--split", choices=["train", "test"], default="test")
-    p.add_argument("--n", type=int, default=500, help="number of tasks (default 500)")
+    p.add_argument("--n", type=_count(1), default=500, help="number of tasks (default 500)")
     p.add_argument(
         "--samples",
-        type=int,
+        type=_count(0),
         default=0,
         help="sample K episodes per task at the config's temperature (pass@k) instead of one greedy one",
     )
@@ -292,10 +349,39 @@ def add_eval_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run_eval)
 
 
+EVAL_ACCEPTS = (
+    "eval takes a run directory (the trainer's run.output_dir: its latest checkpoint, or --checkpoint "
+    "DIR), a model directory (flowgrpo export RUN OUT, or a local Hugging Face model), or a YAML config "
+    "(its untrained model)"
+)
+
+
+def _eval_target_error(target: str) -> str | None:
+    """Why ``target`` is nothing ``eval`` takes, or None. A checkpoint directory gets the command
+    that evaluates it."""
+    from pathlib import Path
+
+    from flowgrpo.runs.checkpoint import STATE_FILE
+
+    p = Path(target)
+    if not p.exists():
+        return f"no run directory, model directory, checkpoint or config file at {target}: {EVAL_ACCEPTS}"
+    if p.is_dir() and (p / STATE_FILE).is_file():
+        run = p.parent.parent if p.parent.name == "checkpoints" else None
+        how = f"flowgrpo eval {run} --checkpoint {p}" if run else f"flowgrpo eval RUN --checkpoint {p}"
+        return f"{target} is a checkpoint, not a run: evaluate it with {how}"
+    if p.is_dir() and not (p / "config.yaml").is_file() and not _is_model_dir(target):
+        return f"{target} is neither a run directory (no config.yaml) nor a model directory (no config.json): {EVAL_ACCEPTS}"
+    return None
+
+
 def _run_eval(args: argparse.Namespace) -> int:
     from flowgrpo.runs.export import exported_config, is_run_dir
     from flowgrpo.training.pipeline import compare_checkpoints, evaluate_run
 
+    if (problem := _eval_target_error(args.config)) is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     if _is_model_dir(args.config) and not is_run_dir(args.config):
         # an exported (or any local HF) model directory: its own flowgrpo.yaml, or the defaults
         cfg = exported_config(args.config, args.overrides)
@@ -353,11 +439,13 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--step", type=int, help="with a run directory: serve this step's checkpoint")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (0 picks a free one; default 8000)")
+    p.add_argument("--port", type=_port, default=8000, help="port (0 picks a free one; default 8000)")
     p.add_argument(
         "--autocast", choices=["bfloat16", "float16"], help="decode under autocast over fp32 weights"
     )
-    p.add_argument("--max-batch-size", type=int, default=64, help="prompts decoded together (default 64)")
+    p.add_argument(
+        "--max-batch-size", type=_count(1), default=64, help="prompts decoded together (default 64)"
+    )
     p.add_argument("--served-model-name", help="the model id clients use (default: --model)")
     p.add_argument(
         "--api-key-env",
@@ -366,7 +454,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--max-request-bytes",
-        type=int,
+        type=_count(1),
         default=8 * 2**20,
         help="larger request bodies get a 413 (default 8 MiB)",
     )
@@ -376,9 +464,12 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         help="record agent episodes (requests with an episode id: X-Episode-Id, 'user', or /episodes/ID/v1) "
         "as trajectories in RUN_DIR/trajectories/ (docs/gateway.md)",
     )
-    p.add_argument("--max-episode-turns", type=int, default=64, help="model calls per recorded episode")
+    p.add_argument("--max-episode-turns", type=_count(1), default=64, help="model calls per recorded episode")
     p.add_argument(
-        "--max-episode-tokens", type=int, default=8192, help="context tokens of a recorded episode"
+        "--max-episode-tokens", type=_count(1), default=8192, help="context tokens of a recorded episode"
+    )
+    p.add_argument(
+        "--device", default="auto", help="auto (cuda when there is a GPU, else cpu), cpu, cuda or cuda:N"
     )
     p.set_defaults(func=_run_serve)
 
@@ -406,6 +497,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         record=args.record,
         max_episode_turns=args.max_episode_turns,
         max_episode_tokens=args.max_episode_tokens,
+        device=args.device,
     )
 
 
@@ -421,6 +513,11 @@ def add_export_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("run", help="the run directory")
     p.add_argument("out", help="the directory to write (replaced if it exists)")
     p.add_argument("--step", type=int, help="the checkpoint's step (default: the latest)")
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="where the policy is rebuilt and merged: auto (default), cpu, cuda or cuda:N; the files are the same",
+    )
     p.set_defaults(func=_run_export)
 
 
@@ -430,7 +527,7 @@ def _run_export(args: argparse.Namespace) -> int:
     if not is_run_dir(args.run):
         print(f"error: {args.run} is not a run directory (no config.yaml and checkpoints/)", file=sys.stderr)
         return 2
-    out = export_checkpoint(args.run, args.out, step=args.step)
+    out = export_checkpoint(args.run, args.out, step=args.step, device=args.device)
     print(f"exported to {out}: load it with transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})")
     return 0
 
@@ -448,10 +545,22 @@ def _user_error(e: Exception) -> bool:
     """Errors whose message says how to fix the input: printed as one line, exit 2 (no traceback)."""
     from flowgrpo.config import ConfigError
     from flowgrpo.modeling.models import ModelLoadError
-    from flowgrpo.runs.checkpoint import CheckpointError
+    from flowgrpo.runs.checkpoint import CheckpointError, MissingCheckpointError
     from flowgrpo.runs.rundir import RunError
+    from flowgrpo.utils.plugins import MissingExtraError, PluginError
 
-    return isinstance(e, (CheckpointError, ConfigError, ModelLoadError, RunError))
+    return isinstance(
+        e,
+        (
+            CheckpointError,
+            ConfigError,
+            MissingCheckpointError,
+            MissingExtraError,
+            ModelLoadError,
+            PluginError,
+            RunError,
+        ),
+    )
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -481,8 +590,8 @@ def _console_logging() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="flowgrpo", description=_first_line(__doc__))
-    subparsers = parser.add_subparsers(dest="command")
+    parser = _Parser(prog="flowgrpo", description=_first_line(__doc__))
+    subparsers = parser.add_subparsers(dest="command")  # the subcommands' parsers are _Parser too
     add_train_parser(subparsers)
     add_eval_parser(subparsers)
     add_replay_parser(subparsers)
@@ -491,7 +600,10 @@ def main(argv: list[str] | None = None) -> int:
     add_tools_parser(subparsers)
     add_serve_parser(subparsers)
     add_export_parser(subparsers)
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        sub = subparsers.choices.get(args.command) if args.command else None
+        (sub or parser).error(_unknown_options(sub or parser, extras))
     if args.command is None:
         parser.print_help()
         return 0
@@ -501,15 +613,13 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `flowgrpo replay RUN | head`
         sys.stderr.close()
         return 0
-    except OSError as e:
-        if e.errno not in _DISK_ERRNOS:
+    except Exception as e:
+        if _user_error(e):
+            print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+            return 2
+        if not isinstance(e, OSError) or e.errno not in _DISK_ERRNOS:
             raise
         # a full disk, a read-only or forbidden output directory: the path and the errno, one line
         where = e.filename or "the output directory"
         print(f"error: cannot write {where}: [Errno {e.errno}] {e.strerror}", file=sys.stderr)
-        return 2
-    except Exception as e:
-        if not _user_error(e):
-            raise
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2

@@ -23,7 +23,7 @@ from flowgrpo.algorithms.advantages import Estimator, get_estimator
 from flowgrpo.chat.parsing import ActionParser
 from flowgrpo.config import EnvConfig, TrainConfig
 from flowgrpo.env import Environment, Split
-from flowgrpo.modeling.hardware import resolve_autocast
+from flowgrpo.modeling.hardware import resolve_autocast, resolve_device
 from flowgrpo.modeling.lora import apply_lora, is_lora
 from flowgrpo.rollout.backends.base import RolloutBackend
 from flowgrpo.rollout.engine import EpisodeAgent
@@ -59,6 +59,12 @@ class Components:
     _tasks: dict[str, list[Task]] = field(default_factory=dict, repr=False)
 
     @property
+    def device(self) -> Any:
+        """The policy's ``torch.device``: where every tensor of a forward pass is created
+        (micro-batches, masks, values), so no input ever crosses devices."""
+        return next(self.model.parameters()).device
+
+    @property
     def parser(self) -> ActionParser:
         return self.probe_env.parser
 
@@ -87,6 +93,10 @@ def build(
 
     Seeds python/numpy/torch from ``train.seed`` first, so a model initialised here (``tiny``) is
     the same on every run.
+
+    The policy goes on ``model.device`` (:func:`flowgrpo.modeling.hardware.resolve_device`). A model passed
+    in stays where it is under ``auto`` and moves to an explicit device; the rewards that load
+    models of their own (``verifier``, ``reward_model``, ``judge``) default to the policy's device.
     """
     cfg = config
     if env_factory is None:  # a wrong name fails here, in one line, before a model loads
@@ -98,16 +108,16 @@ def build(
         model, tokenizer = load_policy(cfg)
     elif tokenizer is None:
         raise ValueError("pass the tokenizer together with the model")
+    elif cfg.model.device != "auto":
+        model = model.to(resolve_device(cfg.model.device))
+    device = next(model.parameters()).device
     if cfg.model.lora is not None and not is_lora(model):
         model = apply_lora(model, cfg.model.lora)  # base frozen, adapters trainable
     if env_factory is None:
         env_factory = env_factory_of(cfg.env)
     if reward is None:
-        from flowgrpo.rewards import CompositeReward
-
-        reward = CompositeReward(cfg.rewards)
-    device_type = next(model.parameters()).device.type
-    autocast = resolve_autocast(cfg.model.autocast, device_type)
+        reward = _composite_reward(cfg, str(device))
+    autocast = resolve_autocast(cfg.model.autocast, device.type)
     if backend is None:
         backend = make_backend(cfg, model, tokenizer, autocast)
     agent = None
@@ -155,20 +165,58 @@ def check_env_name(name: str) -> None:
         )
 
 
+def _signature_mismatch(e: TypeError) -> bool:
+    """Whether ``e`` says a call's keyword arguments do not fit the function (a config naming
+    arguments a plugin does not take), not a failure inside it."""
+    text = str(e)
+    return (
+        "unexpected keyword argument" in text
+        or "required keyword-only argument" in text
+        or ("missing" in text and "required positional argument" in text)
+    )
+
+
+def _composite_reward(cfg: TrainConfig, device: str) -> Any:
+    """The ``rewards`` section's composite; a name no reward has, or kwargs a reward does not take,
+    is a :class:`~flowgrpo.config.ConfigError` (one line on the command line), not a traceback."""
+    from flowgrpo.config import ConfigError
+    from flowgrpo.rewards import CompositeReward, UnknownRewardError
+
+    try:
+        return CompositeReward(cfg.rewards, device=device)
+    except UnknownRewardError as e:
+        raise ConfigError(f"rewards: {e}") from e
+    except TypeError as e:
+        if not _signature_mismatch(e):
+            raise
+        raise ConfigError(
+            f"rewards: {e}: fix that reward's rewards.N.kwargs (its constructor's arguments)"
+        ) from e
+
+
 def _make_env(name: str, kwargs: dict[str, Any]) -> Environment:
+    from flowgrpo.config import ConfigError
     from flowgrpo.env import make
 
-    return make(name, **kwargs)
+    try:
+        return make(name, **kwargs)
+    except TypeError as e:
+        if not _signature_mismatch(e):
+            raise
+        raise ConfigError(
+            f"env.kwargs: environment {name!r} does not take {sorted(kwargs)}: {e}; fix env.kwargs"
+        ) from e
 
 
 def load_policy(cfg: TrainConfig) -> tuple[Any, Any]:
     """``(model, tokenizer)`` of ``model.name``: ``tiny`` (a small random model seeded by
-    ``train.seed``), an embedded model, a local HF directory or a GGUF file."""
+    ``train.seed``), an embedded model, a local HF directory or a GGUF file, on ``model.device``."""
     from flowgrpo.modeling import models
 
+    device = resolve_device(cfg.model.device)  # before any load: a missing GPU fails in one line
     if cfg.model.name == "tiny":
-        return models.tiny_model(seed=cfg.train.seed)
-    return models.load_model(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device)
+        return models.tiny_model(seed=cfg.train.seed, device=device)
+    return models.load_model(cfg.model.name, dtype=cfg.model.dtype, device=device)
 
 
 def estimator_of(cfg: TrainConfig) -> Callable[[Sequence[TrajectoryGroup]], None]:

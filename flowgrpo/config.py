@@ -16,16 +16,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from flowgrpo.algorithms.curriculum import CurriculumConfig
+from flowgrpo.modeling.hardware import check_device_setting
 from flowgrpo.modeling.lora import LoraSpec
 from flowgrpo.rewards import RewardSpec
 from flowgrpo.rollout.agentflow.config import AgentConfig
 from flowgrpo.rollout.engine import RolloutConfig
 from flowgrpo.types import Termination
+from flowgrpo.utils.errors import ConfigError
 from flowgrpo.utils.foreign_names import key_hint, value_hint
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot be used; the message says how to fix it."""
 
 
 class _Section(BaseModel):
@@ -45,11 +43,25 @@ class ModelConfig(_Section):
         description="autocast dtype for forward passes (rollout and training); null = off; auto = bfloat16 "
         "on CUDA or a CPU with native bf16 (AVX512-BF16/AMX), else off (emulated bf16 is slower than fp32)",
     )
-    device: str | None = None
+    device: str = Field(
+        "auto",
+        description="where the policy runs: auto = cuda when this torch sees a GPU, else cpu (under "
+        "torchrun: each rank's cuda:LOCAL_RANK); cpu; cuda; cuda:N",
+    )
     lora: LoraSpec | None = Field(
         None,
         description="LoRA adapters through peft (r, alpha, target_modules, dropout); null = full fine-tuning",
     )
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _device(cls, v: Any) -> Any:
+        # null: configs written before ``auto`` existed (their null meant the default device)
+        if v is None:
+            return "auto"
+        if isinstance(v, str):
+            return check_device_setting(v)
+        return v
 
 
 class EnvConfig(_Section):
@@ -82,8 +94,9 @@ class PPOConfig(_Section):
     def _path_needs_separate(self) -> PPOConfig:
         if self.value_model_path is not None and self.value_model == "shared":
             raise ValueError(
-                "value_model_path initialises a separate critic: set algorithm.ppo.value_model=separate "
-                "or drop value_model_path"
+                f"algorithm.ppo.value_model_path={self.value_model_path!r} initialises a separate critic, "
+                "but algorithm.ppo.value_model=shared: set algorithm.ppo.value_model=separate or "
+                "algorithm.ppo.value_model_path=null"
             )
         return self
 
@@ -186,7 +199,8 @@ class AlgorithmConfig(_Section):
     def _dual_clip_needs_ppo_clip(self) -> AlgorithmConfig:
         if self.dual_clip is not None and self.loss != "ppo_clip":
             raise ValueError(
-                f"dual_clip applies to loss=ppo_clip only; with loss={self.loss} set algorithm.dual_clip=null"
+                f"algorithm.dual_clip={self.dual_clip} applies to algorithm.loss=ppo_clip only, not "
+                f"algorithm.loss={self.loss}: set algorithm.dual_clip=null or algorithm.loss=ppo_clip"
             )
         return self
 
@@ -265,8 +279,9 @@ class TrainSection(_Section):
     def _resample_needs_dropping(self) -> TrainSection:
         if self.resample_rounds and not self.drop_zero_variance_groups:
             raise ValueError(
-                "resample_rounds refills groups dropped for equal rewards, but drop_zero_variance_groups "
-                "is false: set train.drop_zero_variance_groups=true or train.resample_rounds=0"
+                f"train.resample_rounds={self.resample_rounds} refills groups dropped for equal rewards, but "
+                "train.drop_zero_variance_groups=false drops none: set train.drop_zero_variance_groups=true "
+                "or train.resample_rounds=0"
             )
         return self
 
@@ -396,24 +411,66 @@ def _model_for(path: tuple[str | int, ...]) -> type[BaseModel] | None:
     return cls if isinstance(cls, type) and issubclass(cls, BaseModel) else None
 
 
+# A value quoted back in an error is cut to this many characters: the message names the offending
+# key and the fix; a whole section echoed back (kilobytes of nested dicts) hides both.
+_SHOWN_CHARS = 60
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, cut to :data:`_SHOWN_CHARS` characters."""
+    text = repr(value)
+    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."
+
+
+def _explain_one(err: Any) -> str:
+    """One validation error as ``key: what is wrong (got value); how to fix it``."""
+    loc = tuple(err["loc"])
+    dotted = ".".join(str(p) for p in loc)
+    if err["type"] == "extra_forbidden":
+        parent = _model_for(loc[:-1])
+        valid = sorted(parent.model_fields) if parent else []
+        close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+        hint = f"did you mean {'.'.join(map(str, (*loc[:-1], close[0])))!r}? " if close else ""
+        foreign = key_hint(str(loc[-1]))
+        hint = f"{foreign}; " if foreign else hint
+        return f"{dotted}: unknown key; {hint}valid keys here: {', '.join(valid)}"
+    foreign = value_hint(str(loc[-1]), err.get("input")) if loc else None
+    hint = f"; {foreign}" if foreign else ""
+    if err["type"] == "value_error":
+        # Our validators write the whole message: the keys, their values and the fix. The input is
+        # the validated section (the whole config for a cross-section check), never worth echoing.
+        msg = str(err["ctx"]["error"]) if "ctx" in err else err["msg"].removeprefix("Value error, ")
+        named = not dotted or msg.startswith(dotted) or f"{dotted}." in msg or f"{dotted}=" in msg
+        return (msg if named else f"{dotted}: {msg}") + hint
+    section = _model_for(loc) if err["type"] in ("model_type", "model_attributes_type") else None
+    if section is not None:
+        keys = ", ".join(sorted(section.model_fields))
+        return (
+            f"{dotted} is a section, not a value (got {_shown(err.get('input'))}): set one of its keys "
+            f"({dotted}.KEY=VALUE), where KEY is one of {keys}"
+        )
+    got = "" if err["type"] == "missing" else f" (got {_shown(err.get('input'))})"
+    return f"{dotted or 'the configuration'}: {err['msg']}{got}{hint}"
+
+
 def _explain(e: ValidationError) -> str:
-    lines = []
-    for err in e.errors():
-        loc = tuple(err["loc"])
-        dotted = ".".join(str(p) for p in loc) or "(top level)"
-        if err["type"] == "extra_forbidden":
-            parent = _model_for(loc[:-1])
-            valid = sorted(parent.model_fields) if parent else []
-            close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
-            hint = f"did you mean {'.'.join(map(str, (*loc[:-1], close[0])))!r}? " if close else ""
-            foreign = key_hint(str(loc[-1]))
-            hint = f"{foreign}; " if foreign else hint
-            lines.append(f"  {dotted}: unknown key; {hint}valid keys here: {', '.join(valid)}")
-        else:
-            foreign = value_hint(str(loc[-1]), err.get("input")) if loc else None
-            hint = f"; {foreign}" if foreign else ""
-            lines.append(f"  {dotted}: {err['msg']} (got {err.get('input')!r}){hint}")
-    return "invalid configuration:\n" + "\n".join(lines)
+    """Every error of ``e``, one line in all (the CLI prints it as its one line on stderr)."""
+    lines = [_explain_one(err) for err in e.errors()]
+    if len(lines) == 1:
+        return f"invalid configuration: {lines[0]}"
+    return f"invalid configuration ({len(lines)} errors): " + "; ".join(lines)
+
+
+def _yaml_problem(e: Exception) -> str:
+    """A YAML parse error as ``line L, column C: problem`` (PyYAML's own text spans several lines,
+    quotes the source and names ``<unicode string>`` instead of the file)."""
+    import yaml
+
+    if isinstance(e, yaml.MarkedYAMLError) and e.problem_mark is not None:
+        mark = e.problem_mark
+        context = f" ({e.context})" if e.context else ""
+        return f"line {mark.line + 1}, column {mark.column + 1}: {e.problem}{context}"
+    return " ".join(str(e).split())
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -429,7 +486,10 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as e:
-        raise ConfigError(f"override {text!r}: the value is not valid YAML ({e})") from e
+        raise ConfigError(
+            f"override {text!r}: the value is not valid YAML ({_yaml_problem(e)}); quote a string "
+            f"that holds YAML punctuation: --set {key.strip()}='\"...\"'"
+        ) from None
     if isinstance(value, str) and value.lower() in ("none", "null"):
         value = None
     return path, value
@@ -503,7 +563,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         try:
             data = yaml.safe_load(p.read_text())
         except yaml.YAMLError as e:
-            raise ConfigError(f"{p} is not valid YAML: {e}") from e
+            raise ConfigError(f"{p} is not valid YAML: {_yaml_problem(e)}") from None
         if data is None:  # an empty file is a mistake, not a request for a default 100-step run
             raise ConfigError(
                 f"{p} is empty: write the sections you change (model, env, train, ...; see examples/), "

@@ -18,7 +18,10 @@ def test_loss_choices_and_dual_clip_rule():
     assert load_config(None, ["algorithm.loss=gspo"]).algorithm.loss == "gspo"
     with pytest.raises(ConfigError, match=r"algorithm\.loss"):
         load_config(None, ["algorithm.loss=gpso"])
-    with pytest.raises(ConfigError, match="dual_clip applies to loss=ppo_clip only"):
+    with pytest.raises(
+        ConfigError,
+        match=r"algorithm\.dual_clip=3\.0 applies to algorithm\.loss=ppo_clip only, not algorithm\.loss=cispo",
+    ):
         load_config(None, ["algorithm.loss=cispo", "algorithm.dual_clip=3"])
 
 

@@ -149,3 +149,134 @@ def test_metrics_jsonl(tmp_path):
     back = RunDir(tmp_path).metrics()  # read back typed: the NaN is a float again
     assert [(m.step, m.values["a"]) for m in back] == [(1, 1.0), (2, 2.0)]
     assert math.isnan(back[0].values["b"]) and "b" not in back[1].values
+
+
+# Every ConfigError path: (how to provoke it, what the one line must name). The message names the
+# offending keys, their values and the fix; a section or the whole config is never echoed back.
+CONFIG_ERRORS = [
+    (
+        ["train.async_staleness=1"],
+        "train.async_staleness=1 trains on samples of older policies: set algorithm.tis=token",
+    ),
+    (
+        ["rollout.backend=openai"],
+        "rollout.backend=openai needs the server's address: set rollout.server.base_url",
+    ),
+    (["train.group_size=1"], "train.group_size=1 leaves every episode alone"),
+    (
+        ["train.minibatches_per_batch=1000"],
+        "train.minibatches_per_batch=1000 exceeds the trajectories per step",
+    ),
+    (["algorithm.overlong.buffer_len=100000"], "algorithm.overlong.buffer_len=100000 must be smaller"),
+    (
+        ["algorithm.ppo.value_model_path=x", "algorithm.ppo.value_model=shared"],
+        "algorithm.ppo.value_model_path='x' initialises a separate critic, but algorithm.ppo.value_model=shared",
+    ),
+    (
+        ["algorithm.dual_clip=3", "algorithm.loss=gspo"],
+        "algorithm.dual_clip=3.0 applies to algorithm.loss=ppo_clip",
+    ),
+    (
+        ["train.resample_rounds=2", "train.drop_zero_variance_groups=false"],
+        "train.resample_rounds=2 refills groups dropped for equal rewards, but train.drop_zero_variance_groups=false",
+    ),
+    (["algorithm.turn_discount=0.5", "algorithm.name=ppo"], "set algorithm.turn_discount=null"),
+    (["algorithm.turn_discount=0.5", "algorithm.estimator=rloo"], "not 'rloo'"),
+    (
+        ["algorithm.turn_discount=0.5", "algorithm.estimator_kwargs={turn_discount: 0.5}"],
+        "keep algorithm.turn_discount only",
+    ),
+    (["algorithm.estimator=foo"], "algorithm.estimator: unknown advantage estimator 'foo'"),
+    (["algorithm.exclude_terminations=[finished]"], "algorithm.exclude_terminations: excluding 'finished'"),
+    (
+        ["curriculum.difficulty=[{from_step: 2, env_kwargs: {a: 1}}, {from_step: 1, env_kwargs: {a: 2}}]"],
+        "curriculum.difficulty stages must have strictly increasing from_step, got [2, 1]",
+    ),
+    (["curriculum.difficulty=[{from_step: 1}]"], "curriculum.difficulty.0.env_kwargs: Field required"),
+    (["agent.executor.source=model"], "agent.executor: source=model needs the model"),
+    (["agent.verifier.source=server"], "agent.verifier: source=server needs the endpoint"),
+    (["run.tensorboard=true"], "run.tensorboard was replaced by run.log_to"),
+    (["train.lrr=1e-5"], "train.lrr: unknown key; did you mean 'train.lr'?"),
+    (["model.autocast=bf16"], "model.autocast: Input should be 'auto', 'bfloat16' or 'float16' (got 'bf16')"),
+    (
+        ["model=smollm2-135m"],
+        "model is a section, not a value (got 'smollm2-135m'): set one of its keys (model.KEY=VALUE)",
+    ),
+    (["model.lora=true"], "model.lora is a section, not a value (got True)"),
+    (["rewards=3"], "rewards: Input should be a valid list (got 3)"),
+    (
+        ["env.kwargs.text=" + "x" * 5000, "env.kwargs=5"],
+        "env.kwargs: Input should be a valid dictionary (got 5)",
+    ),
+    (
+        ["run.output_dir=[" + ", ".join(["averyveryverylongname"] * 50) + "]"],
+        "run.output_dir: Input should be a valid string (got ['averyvery",
+    ),
+    (
+        ["train.lr=-1", "train.steps=0"],
+        "invalid configuration (2 errors): train.steps: Input should be greater",
+    ),
+    (["train.lr"], "must look like section.key=value"),
+    (["=3"], "has an empty key"),
+    (["train.lr=[1,"], "the value is not valid YAML (line 1, column 4: expected the node content"),
+    (["train.lr.x=1"], "train.lr is a value, not a section"),
+    (["rewards.x=1"], "rewards is a list of 1 item(s): index it with 0..0; rewards.1=VALUE appends one"),
+    (["rewards.5.weight=1"], "rewards is a list of 1 item(s): index it with 0..0, or set the whole list"),
+]
+
+
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split())
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"), CONFIG_ERRORS, ids=[" ".join(o)[:40] for o, _ in CONFIG_ERRORS]
+)
+def test_every_config_error_is_one_short_line(overrides, expected):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, overrides)
+    msg = str(e.value)
+    assert "\n" not in msg and expected in msg, msg
+    # the key, its value and the fix (an unknown key lists its section's keys); never a dumped section
+    assert len(msg) <= 400, (len(msg), msg)
+    assert "{'" not in msg, msg
+
+
+def test_file_errors_are_one_short_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  lr: [1, 2\n  steps: 3\n" + "# padding\n" * 200)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- a\n- b\n")
+    cases = [
+        (tmp_path / "nope.yaml", "does not exist"),
+        (
+            bad,
+            f"{bad} is not valid YAML: line 3, column 8: expected ',' or ']', but got ':' (while parsing a flow sequence)",
+        ),
+        (empty, f"{empty} is empty: write the sections you change"),
+        (listed, f"{listed} must hold a mapping of sections"),
+    ]
+    for path, expected in cases:
+        with pytest.raises(ConfigError) as e:
+            load_config(path)
+        msg = str(e.value)
+        assert "\n" not in msg and expected in msg and len(msg) <= 320 + len(str(path)), msg
+
+
+def test_run_directory_and_environment_errors_are_one_short_line(tmp_path):
+    from flowgrpo.components import check_env_name
+    from flowgrpo.runs.rundir import RunError
+
+    (tmp_path / "config.yaml").write_text("train:\n  group_size: 1\n")
+    with pytest.raises(RunError) as e:  # a saved config this version rejects: the reason, not the config
+        RunDir(tmp_path).config()
+    assert "train.group_size=1 leaves every episode alone" in str(e.value) and "{'" not in str(e.value)
+    assert len(_one_line(e.value)) <= 320 + len(str(tmp_path)), str(e.value)
+    (tmp_path / "config.yaml").write_text("- a\n")
+    with pytest.raises(RunError, match=r"config\.yaml does not hold a mapping of sections"):
+        RunDir(tmp_path).config()
+    with pytest.raises(ConfigError) as e:
+        check_env_name("arithmetik")
+    assert "did you mean 'arithmetic'?" in str(e.value) and len(str(e.value)) <= 400, str(e.value)

@@ -153,10 +153,13 @@ def load_model(
     name_or_path: str = DEFAULT_MODEL,
     *,
     dtype: Any = "float32",
-    device: str | None = None,
+    device: Any = None,
     cache: bool = True,
 ) -> tuple[Any, Any]:
     """Return ``(model, tokenizer)`` for an embedded model name, a local HF directory, or a GGUF file.
+
+    ``device``: a ``torch.device`` or its name (:func:`flowgrpo.modeling.hardware.resolve_device` resolves
+    a config's setting); None leaves the model on the CPU, where transformers loads it.
 
     ``dtype`` is the weight dtype (keep float32 master weights for training and use bf16 autocast;
     pure bf16 weights barely move under small learning rates). GGUF inputs are converted once to a
@@ -175,7 +178,7 @@ def load_model(
             raise ModelLoadError(f"GGUF file {gguf} does not exist")
         model, tok = _load_gguf(gguf)
         model = model.to(torch_dtype)
-        return (model.to(device) if device else model), _finish_tokenizer(tok)
+        return (model.to(device) if device is not None else model), _finish_tokenizer(tok)
     path = local_model_dir(name_or_path)
     t0 = time.monotonic()
     log.info("loading %s from %s ...", name_or_path, path)
@@ -187,7 +190,7 @@ def load_model(
     log.info("loaded %s in %.1f s", name_or_path, time.monotonic() - t0)
     if getattr(model, "hf_quantizer", None) is not None:
         detach_quantizer(model)
-    if device:
+    if device is not None:
         model = model.to(device)
     return model, _finish_tokenizer(tok)
 
@@ -249,8 +252,12 @@ def tiny_model(
     num_heads: int = 4,
     seed: int = 0,
     max_position_embeddings: int = 2048,
+    device: Any = None,
 ) -> tuple[Any, Any]:
-    """A randomly initialised small Llama and its tokenizer (default :func:`tiny_tokenizer`)."""
+    """A randomly initialised small Llama and its tokenizer (default :func:`tiny_tokenizer`).
+
+    ``device``: where the model lives (default the CPU). The weights are drawn on the CPU and then
+    moved, so a seed gives the same model on every device (a CUDA generator draws other numbers)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -271,4 +278,6 @@ def tiny_model(
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg)
     model.generation_config.pad_token_id = tok.pad_token_id
+    if device is not None:
+        model = model.to(device)
     return model, tok

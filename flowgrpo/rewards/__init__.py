@@ -37,6 +37,7 @@ from flowgrpo.rewards.base import (
     RewardFn,
     RewardSpec,
     Score,
+    UnknownRewardError,
     as_score,
     final_answer,
     final_text,
@@ -69,10 +70,10 @@ from flowgrpo.types import Message
 
 register_reward("accuracy", AccuracyReward)
 register_reward("format", FormatReward)
-register_reward("judge", JudgeReward)
+register_reward("judge", JudgeReward, places_model=True)
 register_reward("diversity", DiversityReward)
-register_reward("verifier", VerifierReward)
-register_reward("reward_model", RewardModelReward)
+register_reward("verifier", VerifierReward, places_model=True)
+register_reward("reward_model", RewardModelReward, places_model=True)
 register_reward("turn_cost", TurnCostReward)
 
 __all__ = [
@@ -102,6 +103,7 @@ __all__ = [
     "RewardSpec",
     "Score",
     "TurnCostReward",
+    "UnknownRewardError",
     "VerifierReward",
     "as_score",
     "diversity_scores",

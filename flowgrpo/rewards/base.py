@@ -61,6 +61,14 @@ class GroupRewardFn(Protocol):
     def __call__(self, group: TrajectoryGroup) -> list[float]: ...
 
 
+class UnknownRewardError(KeyError):
+    """A reward name that is neither registered, declared by an entry point, nor ``module:attr``;
+    the message lists the known ones."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument
+        return str(self.args[0])
+
+
 class RewardSpec(BaseModel):
     """One term of a composite reward: ``weight * make_reward(name, **kwargs)``."""
 
@@ -116,11 +124,20 @@ class Reward:
 
 ENTRY_POINT_GROUP = "flowgrpo.rewards"
 _REWARDS: dict[str, Callable[..., Any]] = {}  # the built-ins are registered in flowgrpo/rewards/__init__.py
+_PLACES_MODEL: set[str] = set()  # rewards whose factory takes ``device=`` for a model of its own
 
 
-def register_reward(name: str, factory: Callable[..., Any]) -> None:
-    """Register a reward factory: it returns a :class:`Reward`, a RewardFn or a GroupRewardFn."""
+def register_reward(name: str, factory: Callable[..., Any], *, places_model: bool = False) -> None:
+    """Register a reward factory: it returns a :class:`Reward`, a RewardFn or a GroupRewardFn.
+
+    ``places_model``: the factory loads a model of its own and takes ``device=`` (a setting for
+    :func:`flowgrpo.modeling.hardware.resolve_device`); :func:`make_reward` then gives it the policy's device
+    unless the spec names one, so a verifier never runs on the CPU beside a policy on a GPU."""
     _REWARDS[name] = factory
+    if places_model:
+        _PLACES_MODEL.add(name)
+    else:
+        _PLACES_MODEL.discard(name)
 
 
 def _entry_points() -> dict[str, Any]:
@@ -132,17 +149,21 @@ def list_rewards() -> list[str]:
     return sorted(set(_REWARDS) | set(_entry_points()))
 
 
-def make_reward(name: str, **kwargs: Any) -> Any:
+def make_reward(name: str, *, default_device: str | None = None, **kwargs: Any) -> Any:
     """The reward registered as ``name``, declared by an entry point, or named ``module:attr`` /
     ``path/to/file.py:attr``: a factory (a Reward class, a function of keyword arguments) is called
-    with ``kwargs``; a reward function of ``(traj, task)`` or ``(group)`` is used as it is."""
+    with ``kwargs``; a reward function of ``(traj, task)`` or ``(group)`` is used as it is.
+    ``default_device``: the ``device=`` of a reward registered with ``places_model`` whose
+    ``kwargs`` name none (the build step passes the policy's)."""
     if name in _REWARDS:
+        if name in _PLACES_MODEL and default_device is not None and "device" not in kwargs:
+            kwargs = {**kwargs, "device": default_device}
         return _REWARDS[name](**kwargs)
     if is_spec(name):
         return build_plugin(load_object(name), kwargs, what="reward", name=name)
     ep = _entry_points().get(name)
     if ep is None:
-        raise KeyError(
+        raise UnknownRewardError(
             f"unknown reward {name!r}; known: {', '.join(list_rewards())} (add one with register_reward, "
             f'the entry-point group "{ENTRY_POINT_GROUP}", or name it as module:attr or path/to/file.py:attr)'
         )
@@ -231,6 +252,8 @@ class CompositeReward:
 
     ``specs``: RewardSpec objects (or dicts). ``fns`` maps names to ready reward objects or plain
     functions, for rewards that need live objects (a model for ``diversity="policy"``, a client).
+    ``device``: where rewards that load a model of their own put it, unless their spec names a
+    ``device`` (the build step passes the policy's; None: their own default, ``auto``).
     """
 
     def __init__(
@@ -238,6 +261,7 @@ class CompositeReward:
         specs: Sequence[RewardSpec | Mapping[str, Any]],
         *,
         fns: Mapping[str, Any] | None = None,
+        device: str | None = None,
     ) -> None:
         self.specs = [s if isinstance(s, RewardSpec) else RewardSpec.model_validate(s) for s in specs]
         if not self.specs:
@@ -247,7 +271,8 @@ class CompositeReward:
             raise ValueError(f"reward names must be unique in a composite, got {names}")
         fns = dict(fns or {})
         self.fns = {
-            s.name: fns[s.name] if s.name in fns else make_reward(s.name, **s.kwargs) for s in self.specs
+            s.name: fns[s.name] if s.name in fns else make_reward(s.name, default_device=device, **s.kwargs)
+            for s in self.specs
         }
 
     async def ascore_groups(self, groups: Sequence[TrajectoryGroup]) -> None:

@@ -68,16 +68,17 @@ class PolicyHiddenStateEmbedder:
         import torch
 
         rows = []
+        dev = next(self.model.parameters()).device  # the policy's: inputs are created there
         with torch.no_grad():
             for text in texts:
-                ids = self.tokenizer(text or " ", return_tensors="pt", add_special_tokens=False)["input_ids"]
-                ids = ids[:, : self.max_tokens]  # (1, T)
-                if ids.shape[1] == 0:
-                    ids = torch.tensor([[self.tokenizer.eos_token_id or 0]])
+                tokens = self.tokenizer(text or " ", add_special_tokens=False)["input_ids"][: self.max_tokens]
+                ids = torch.tensor(
+                    [tokens or [self.tokenizer.eos_token_id or 0]], dtype=torch.long, device=dev
+                )  # (1, T)
                 out = self.model(input_ids=ids, output_hidden_states=True)
                 h = out.hidden_states[-1][0]  # (T, d)
                 rows.append(h.float().mean(dim=0))  # (d,)
-        return torch.stack(rows).numpy()  # (n, d)
+        return torch.stack(rows).cpu().numpy()  # (n, d)
 
 
 def diversity_scores(embeddings: Any, *, eps: float = 1e-8) -> list[float]:

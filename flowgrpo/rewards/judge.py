@@ -193,9 +193,10 @@ class HFChatClient:
     def _generate(self, messages: list[dict[str, str]]) -> str:
         import torch
 
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
-        if not isinstance(ids, torch.Tensor):  # transformers 5 may return a BatchEncoding
-            ids = ids["input_ids"]
+        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        tokens = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        dev = next(self.model.parameters()).device
+        ids = torch.tensor([tokens], dtype=torch.long, device=dev)  # (1, T), on the judge's device
         with self._lock, torch.no_grad():
             out = self.model.generate(
                 ids,
@@ -221,6 +222,8 @@ class JudgeReward(Reward):
     update and its group's baseline), or ``fallback`` when it is a number; training never crashes
     on a judge. ``score_range=[1, 5]`` reads the reply on that rubric and normalises it to [0, 1]
     (:func:`parse_rubric_score`); without it, :func:`parse_score` reads a 0-1, /10 or % score.
+    ``device``: where ``hf_model`` runs (:func:`flowgrpo.modeling.hardware.resolve_device`; the build step
+    passes the policy's; default ``auto``).
     """
 
     def __init__(
@@ -239,6 +242,7 @@ class JudgeReward(Reward):
         fallback: float | None = None,
         max_transcript_chars: int = 6000,
         score_range: tuple[float, float] | None = None,
+        device: str | None = None,
     ) -> None:
         if client is None:
             if base_url is not None:
@@ -252,9 +256,10 @@ class JudgeReward(Reward):
                     max_concurrency=max_concurrency,
                 )
             elif hf_model is not None:
+                from flowgrpo.modeling.hardware import resolve_device
                 from flowgrpo.modeling.models import load_model
 
-                m, tok = load_model(hf_model)
+                m, tok = load_model(hf_model, device=resolve_device(device))
                 client = HFChatClient(m, tok)
             else:
                 raise ValueError(

@@ -12,6 +12,8 @@ assistant turn with the transcript), scored in batches of ``batch_size``, right 
   within each group: only relative quality counts), ``running`` (z-score with a running mean/std
   over every score seen so far, Welford; scores keep their meaning across steps).
 - Scores are cached by trajectory id, so re-scoring a step (replay, a second reward term) is free.
+- ``device``: where the classifier runs (:func:`flowgrpo.modeling.hardware.resolve_device`); the build step
+  passes the policy's, so its inputs are created on the same GPU.
 """
 
 from __future__ import annotations
@@ -48,9 +50,12 @@ class RewardModelReward(Reward):
 
         if normalize not in ("none", "sigmoid", "group", "running"):
             raise ValueError(f"normalize must be none, sigmoid, group or running, got {normalize!r}")
-        self.model = AutoModelForSequenceClassification.from_pretrained(path).eval()
-        if device:
-            self.model.to(device)
+        from flowgrpo.modeling.hardware import resolve_device
+
+        # the build step passes the policy's device; default auto (a GPU when there is one)
+        self.model = (
+            AutoModelForSequenceClassification.from_pretrained(path).eval().to(resolve_device(device))
+        )
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         n = int(self.model.config.num_labels)
         if label is None:
@@ -96,15 +101,15 @@ class RewardModelReward(Reward):
                 for t in texts[s : s + self.batch_size]
             ]
             T = max(len(e) for e in enc)
-            ids = torch.full((len(enc), T), pad, dtype=torch.long)
-            attn = torch.zeros(len(enc), T, dtype=torch.long)
-            for i, e in enumerate(enc):
-                ids[i, : len(e)] = torch.tensor(e)
-                attn[i, : len(e)] = 1
+            # right padded, built on the model's device in one copy
+            ids = torch.tensor(
+                [e + [pad] * (T - len(e)) for e in enc], dtype=torch.long, device=device
+            )  # (B, T)
+            attn = torch.tensor(
+                [[1] * len(e) + [0] * (T - len(e)) for e in enc], dtype=torch.long, device=device
+            )
             with self._lock, torch.no_grad():
-                logits = self.model(
-                    input_ids=ids.to(device), attention_mask=attn.to(device)
-                ).logits.float()  # (B, L)
+                logits = self.model(input_ids=ids, attention_mask=attn).logits.float()  # (B, L)
             if self.index is None:
                 out += logits[:, 0].tolist()
             else:

@@ -116,19 +116,21 @@ class HFVerifier:
         from flowgrpo.modeling.logprobs import split_model
 
         backbone, head = split_model(self.model)
-        device = next(self.model.parameters()).device
+        dev = next(self.model.parameters()).device
         T = max(len(p) for p in prompts)
-        ids = torch.zeros(len(prompts), T, dtype=torch.long)  # right padded: pads never precede a token
-        attn = torch.zeros(len(prompts), T, dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, : len(p)] = torch.tensor(p)
-            attn[i, : len(p)] = 1
-        last = torch.tensor([len(p) - 1 for p in prompts])  # (B,)
+        # right padded (pads never precede a token), built on the verifier's device in one copy
+        ids = torch.tensor(
+            [list(p) + [0] * (T - len(p)) for p in prompts], dtype=torch.long, device=dev
+        )  # (B, T)
+        attn = torch.tensor(
+            [[1] * len(p) + [0] * (T - len(p)) for p in prompts], dtype=torch.long, device=dev
+        )
+        last = torch.tensor([len(p) - 1 for p in prompts], device=dev)  # (B,)
         with self._lock, torch.no_grad():
             hidden = backbone(
-                input_ids=ids.to(device), attention_mask=attn.to(device), use_cache=False
+                input_ids=ids, attention_mask=attn, use_cache=False
             ).last_hidden_state  # (B, T, H)
-            logits = head(hidden[torch.arange(len(prompts)), last.to(device)]).float()  # (B, V)
+            logits = head(hidden[torch.arange(len(prompts), device=dev), last]).float()  # (B, V)
             probs = torch.softmax(logits, dim=-1)
         p_yes = probs[:, self.yes_ids].sum(-1).tolist()
         p_no = probs[:, self.no_ids].sum(-1).tolist()
@@ -199,6 +201,8 @@ class VerifierReward(Reward):
         no_answer_reward: the reward of an episode without a final answer (the verifier is not asked).
         batch_size: prompts per forward pass (local model).
         top_logprobs: how many top tokens the server returns (server).
+        device: where ``hf_model`` runs (:func:`flowgrpo.modeling.hardware.resolve_device`; the build step
+            passes the policy's; default ``auto``). A ``model=`` in memory stays where it is.
     """
 
     def __init__(
@@ -219,6 +223,7 @@ class VerifierReward(Reward):
         timeout_s: float = 30.0,
         max_retries: int = 2,
         max_concurrency: int = 8,
+        device: str | None = None,
     ) -> None:
         if sum(x is not None for x in (hf_model, model, base_url)) != 1:
             raise ValueError(
@@ -246,9 +251,10 @@ class VerifierReward(Reward):
             )
         else:
             if hf_model is not None:
+                from flowgrpo.modeling.hardware import resolve_device
                 from flowgrpo.modeling.models import load_model
 
-                model, tokenizer = load_model(hf_model)
+                model, tokenizer = load_model(hf_model, device=resolve_device(device))
             if tokenizer is None:
                 raise ValueError("pass the verifier's tokenizer together with model=")
             self.hf = HFVerifier(

@@ -35,8 +35,8 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from flowgrpo.utils.files import atomic_directory
 from flowgrpo.modeling.lora import adapter_state_dict, is_lora, load_adapter_state
+from flowgrpo.utils.files import atomic_directory
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,11 @@ FORMAT = 2  # 1: one state.pt with model, optimizer (and reference) state dicts 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be read; the message is one line naming the file and the cause."""
+
+
+class MissingCheckpointError(FileNotFoundError):
+    """No checkpoint where one was named (``--checkpoint``, ``run.resume``); the message says what
+    a checkpoint path looks like."""
 
 
 class ReferencePointer(BaseModel):
@@ -73,8 +78,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-
-
 
 
 def checkpoint_dir(root: str | os.PathLike, step: int) -> Path:
@@ -281,8 +284,9 @@ def read_checkpoint(path: str | os.PathLike, *, with_optimizer: bool = True) -> 
     d = p.parent if p.name == STATE_FILE else p
     f = d / STATE_FILE
     if not f.is_file():
-        raise FileNotFoundError(
-            f"no checkpoint at {p} (expected {f}); list them with flowgrpo.runs.checkpoint.list_checkpoints"
+        raise MissingCheckpointError(
+            f"no checkpoint at {p} (expected {f}): name a checkpoint directory such as "
+            "RUN/checkpoints/step_000010 (flowgrpo.runs.checkpoint.list_checkpoints lists a run's)"
         )
     state = _torch_load(f, weights_only=False)
     if not isinstance(state, dict) or "step" not in state:

@@ -22,12 +22,18 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from flowgrpo.algorithms.episodes import accuracy_of
+from flowgrpo.algorithms.stats import (
+    Z95,
+    PairedComparison,
+    mean_pass_at_k,
+    paired_difference,
+    wilson_interval,
+)
 from flowgrpo.components import Components
 from flowgrpo.env import Split
-from flowgrpo.algorithms.episodes import accuracy_of
-from flowgrpo.runs.metrics import rollout_stats
 from flowgrpo.rollout.engine import RolloutEngine
-from flowgrpo.algorithms.stats import Z95, PairedComparison, mean_pass_at_k, paired_difference, wilson_interval
+from flowgrpo.runs.metrics import rollout_stats
 from flowgrpo.types import TrajectoryGroup
 
 PASS_KS = (1, 2, 4, 8)
@@ -196,7 +202,9 @@ def evaluate(
     return result, groups
 
 
-def record_evaluation(run_dir: str | os.PathLike, result: EvalResult, groups: Sequence[TrajectoryGroup]) -> None:
+def record_evaluation(
+    run_dir: str | os.PathLike, result: EvalResult, groups: Sequence[TrajectoryGroup]
+) -> None:
     """Append ``result`` to ``RUN/eval.jsonl`` and write its episodes to ``RUN/eval/LABEL.jsonl``,
     replacing an earlier evaluation's of the same label (for replay, paired comparisons and failure
     analysis)."""

@@ -18,12 +18,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from flowgrpo.runs.checkpoint import load_checkpoint
 from flowgrpo.components import load_policy
 from flowgrpo.config import TrainConfig, dump_config
-from flowgrpo.utils.files import atomic_directory
 from flowgrpo.modeling.lora import apply_lora, is_lora, merged_model
+from flowgrpo.runs.checkpoint import load_checkpoint
 from flowgrpo.runs.rundir import RunDir, RunError
+from flowgrpo.utils.files import atomic_directory
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +36,20 @@ def is_run_dir(path: str | os.PathLike) -> bool:
     return (p / "config.yaml").is_file() and (p / "checkpoints").is_dir()
 
 
-def checkpoint_policy(run: str | os.PathLike, step: int | None = None) -> tuple[Any, Any, TrainConfig, int]:
+def checkpoint_policy(
+    run: str | os.PathLike, step: int | None = None, *, device: str | None = None
+) -> tuple[Any, Any, TrainConfig, int]:
     """``(model, tokenizer, config, step)``: the run's policy as built from its config, with the
-    weights of its checkpoint at ``step`` (default: the latest)."""
+    weights of its checkpoint at ``step`` (default: the latest), on ``device`` (a
+    :func:`flowgrpo.modeling.hardware.resolve_device` setting; default the run's ``model.device``: a run
+    trained with ``cuda`` opens on a CPU-only machine with ``device="cpu"`` or ``"auto"``)."""
     rd = RunDir(run)
     cfg = rd.config()
+    if device is not None:
+        from flowgrpo.modeling.hardware import resolve_device
+
+        resolve_device(device)  # a bad or missing device fails here, as a one-line ConfigError
+        cfg.model.device = device
     path = rd.checkpoint(step) if step is not None else rd.latest_checkpoint()
     if path is None:
         raise RunError(f"{rd.checkpoint_root} holds no checkpoint; train the run first (flowgrpo train)")
@@ -54,10 +63,14 @@ def checkpoint_policy(run: str | os.PathLike, step: int | None = None) -> tuple[
     return model, tok, cfg, int(state["step"])
 
 
-def export_checkpoint(run: str | os.PathLike, out: str | os.PathLike, *, step: int | None = None) -> Path:
+def export_checkpoint(
+    run: str | os.PathLike, out: str | os.PathLike, *, step: int | None = None, device: str | None = "auto"
+) -> Path:
     """Write the run's checkpoint (latest, or ``step``) to ``out`` as a Hugging Face model directory
-    (written beside and renamed into place, so ``out`` is never half-written)."""
-    model, tok, cfg, at = checkpoint_policy(run, step)
+    (written beside and renamed into place, so ``out`` is never half-written). ``device``: where the
+    policy is rebuilt and merged (``auto`` by default, so a GPU-trained run exports anywhere; None:
+    the run's ``model.device``); the files are the same either way."""
+    model, tok, cfg, at = checkpoint_policy(run, step, device=device)
     out = Path(out)
     log.info("exporting %s step %d to %s", run, at, out)
     with atomic_directory(out) as tmp:
@@ -84,16 +97,21 @@ def exported_config(path: str | os.PathLike, overrides: list[str] | None = None)
     )
 
 
-def load_served_policy(name_or_path: str, *, step: int | None = None) -> tuple[Any, Any]:
-    """``(model, tokenizer)`` for a run directory, an exported directory, ``tiny`` or a model name."""
+def load_served_policy(
+    name_or_path: str, *, step: int | None = None, device: str = "auto"
+) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` for a run directory, an exported directory, ``tiny`` or a model name,
+    on ``device`` (a :func:`flowgrpo.modeling.hardware.resolve_device` setting)."""
     from flowgrpo.modeling import models
+    from flowgrpo.modeling.hardware import resolve_device
+
     if is_run_dir(name_or_path):
-        model, tok, _, at = checkpoint_policy(name_or_path, step)
+        model, tok, _, at = checkpoint_policy(name_or_path, step, device=device)
         log.info("serving %s at step %d", name_or_path, at)
         return model, tok
     if name_or_path == "tiny":
-        return models.tiny_model()
-    return models.load_model(name_or_path)
+        return models.tiny_model(device=resolve_device(device))
+    return models.load_model(name_or_path, device=resolve_device(device))
 
 
 __all__ = [

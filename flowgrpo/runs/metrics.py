@@ -17,8 +17,6 @@ from flowgrpo.runs.store import append_line
 from flowgrpo.types import Trajectory, TrajectoryGroup
 
 
-
-
 def valid_tool_call_rate(trajs: Sequence[Trajectory], parser: Any = None) -> float | None:
     """Among turns that tried to call a tool, the fraction whose calls all parsed.
 

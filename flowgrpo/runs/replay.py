@@ -34,8 +34,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from flowgrpo.rollout.agentflow.render import flow_text
 from flowgrpo.chat.parsing import ParseError
+from flowgrpo.rollout.agentflow.render import flow_text
 from flowgrpo.runs.rundir import RunDir, RunError
 from flowgrpo.types import Message, ParsedAction, Task, Termination, Trajectory, TrajectoryGroup
 

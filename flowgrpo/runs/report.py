@@ -31,9 +31,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from flowgrpo.chat.parsing import extract_answer
 from flowgrpo.rollout.agentflow.render import flow_html
 from flowgrpo.runs.evaluation import EvalResult
-from flowgrpo.chat.parsing import extract_answer
 from flowgrpo.runs.replay import load_tokenizer_for_run
 from flowgrpo.runs.rundir import MetricRecord, RunDir, RunError
 from flowgrpo.types import Trajectory

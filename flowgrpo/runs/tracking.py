@@ -67,7 +67,9 @@ class WandbSink:
         try:
             import wandb
         except ImportError as e:
-            raise ImportError(
+            from flowgrpo.utils.plugins import MissingExtraError
+
+            raise MissingExtraError(
                 "run.log_to contains wandb, which is not installed: pip install 'flowgrpo[wandb]' "
                 "(set WANDB_MODE=offline to log without an account), or remove it from run.log_to"
             ) from e

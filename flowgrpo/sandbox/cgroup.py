@@ -1,9 +1,11 @@
-"""One control group per sandbox call: memory and process limits for the whole call, not per process.
+"""One control group per sandbox call: memory, process and CPU limits for the whole call, not per process.
 
 rlimits bound each process on its own (32 processes x ``RLIMIT_AS`` 1 GB is 32 GB); a cgroup bounds
 their sum, charges shared memory, tmpfs files and memfds to the call, confines the OOM killer to the
 call's processes, and counts what the kernel refused (``oom_kill``, ``pids.events max``), which is how
-the sandbox classifies a limit without trusting anything the code printed.
+the sandbox classifies a limit without trusting anything the code printed. Where the ``cpu``
+controller is available too, the call gets a CPU share (``cpu.max`` on v2, ``cpu.cfs_quota_us`` on v1):
+without it one call may take every core of the host for its whole wall-clock limit.
 
 Both hierarchies are supported (kernel docs: admin-guide/cgroup-v2.rst, cgroup-v1/memory.rst, pids.rst):
 
@@ -43,6 +45,7 @@ class CgroupParents:
     version: Literal[1, 2]
     memory: str
     pids: str
+    cpu: str | None = None  # None: no cpu controller here (a call's CPU share is then unbounded)
 
 
 def _mounts() -> list[tuple[str, str, set[str]]]:
@@ -80,23 +83,31 @@ def _writable_dir(path: str) -> bool:
     return True
 
 
-def _v2_parent(mount: str, own: str) -> str | None:
+def _v2_parent(mount: str, own: str) -> tuple[str, bool] | None:
+    """Our v2 cgroup, if per-call children with memory and pids limits can be made in it, and
+    whether they get the ``cpu`` controller too (optional: a host may not delegate it)."""
     base = os.path.join(mount, own.lstrip("/"))
+    control = os.path.join(base, "cgroup.subtree_control")
     try:
         with open(os.path.join(base, "cgroup.controllers")) as f:
             available = set(f.read().split())
         if not {"memory", "pids"} <= available:
             return None
-        with open(os.path.join(base, "cgroup.subtree_control")) as f:
+        with open(control) as f:
             enabled = set(f.read().split())
         if not {"memory", "pids"} <= enabled:
             # Refused (EBUSY) when our cgroup holds processes and is not the root: v2's
             # "no internal processes" rule. Then there is no place for per-call groups.
-            with open(os.path.join(base, "cgroup.subtree_control"), "w") as f:
+            with open(control, "w") as f:
                 f.write("+memory +pids")
+        if "cpu" in available and "cpu" not in enabled:
+            with contextlib.suppress(OSError), open(control, "w") as f:
+                f.write("+cpu")
+        with open(control) as f:
+            cpu = "cpu" in f.read().split()
     except OSError:
         return None
-    return base if _writable_dir(base) else None
+    return (base, cpu) if _writable_dir(base) else None
 
 
 @functools.lru_cache(maxsize=1)
@@ -106,29 +117,42 @@ def find_parents() -> CgroupParents | None:
         mounts, own = _mounts(), _own_paths()
     except OSError:
         return None
-    v1 = {c: m for m, t, opts in mounts if t == "cgroup" for c in ("memory", "pids") if c in opts}
+    v1 = {c: m for m, t, opts in mounts if t == "cgroup" for c in ("memory", "pids", "cpu") if c in opts}
     if "memory" in v1 and "pids" in v1 and "memory" in own and "pids" in own:
         mem = os.path.join(v1["memory"], own["memory"].lstrip("/"))
         pids = os.path.join(v1["pids"], own["pids"].lstrip("/"))
+        cpu = os.path.join(v1["cpu"], own["cpu"].lstrip("/")) if "cpu" in v1 and "cpu" in own else None
         if _writable_dir(mem) and _writable_dir(pids):
-            return CgroupParents(1, mem, pids)
+            return CgroupParents(1, mem, pids, cpu if cpu and _writable_dir(cpu) else None)
     for m, t, _ in mounts:
         if t == "cgroup2" and "" in own:
-            base = _v2_parent(m, own[""])
-            if base:
-                return CgroupParents(2, base, base)
+            found = _v2_parent(m, own[""])
+            if found:
+                base, cpu_ok = found
+                return CgroupParents(2, base, base, base if cpu_ok else None)
     return None
 
 
-class CallCgroup:
-    """The control group of one sandbox call (created with its limits; remove it when done)."""
+# The CFS period a CPU quota is expressed over (the kernel's default): a call with ``cpus=1`` may run
+# 100 ms of CPU time in every 100 ms of wall time, spread over any number of cores.
+CPU_PERIOD_US = 100_000
 
-    def __init__(self, parents: CgroupParents, *, memory_bytes: int, max_pids: int) -> None:
+
+class CallCgroup:
+    """The control group of one sandbox call (created with its limits; remove it when done).
+
+    ``cpus``: the call's CPU share in cores (None: unbounded); applied only where ``parents.cpu``
+    exists (:attr:`cpu_limited` says whether it was)."""
+
+    def __init__(
+        self, parents: CgroupParents, *, memory_bytes: int, max_pids: int, cpus: float | None = None
+    ) -> None:
         name = f"{PREFIX}{os.getpid()}-{next(_counter)}"
         self.version = parents.version
-        self.dirs = sorted({os.path.join(parents.memory, name), os.path.join(parents.pids, name)})
         self.memory_dir = os.path.join(parents.memory, name)
         self.pids_dir = os.path.join(parents.pids, name)
+        self.cpu_dir = os.path.join(parents.cpu, name) if parents.cpu and cpus is not None else None
+        self.dirs = sorted({self.memory_dir, self.pids_dir, *([self.cpu_dir] if self.cpu_dir else [])})
         for d in self.dirs:
             os.mkdir(d)
         try:
@@ -141,6 +165,13 @@ class CallCgroup:
                 with contextlib.suppress(OSError):
                     self._write(self.memory_dir, "memory.memsw.limit_in_bytes", str(memory_bytes))
             self._write(self.pids_dir, "pids.max", str(max_pids))
+            if self.cpu_dir is not None and cpus is not None:
+                quota = max(1000, round(cpus * CPU_PERIOD_US))  # the kernel's smallest quota is 1 ms
+                if self.version == 2:
+                    self._write(self.cpu_dir, "cpu.max", f"{quota} {CPU_PERIOD_US}")
+                else:
+                    self._write(self.cpu_dir, "cpu.cfs_period_us", str(CPU_PERIOD_US))
+                    self._write(self.cpu_dir, "cpu.cfs_quota_us", str(quota))
         except BaseException:
             self.remove()
             raise
@@ -170,6 +201,20 @@ class CallCgroup:
     def fork_refusals(self) -> int:
         """Forks the kernel refused because ``pids.max`` was reached."""
         return self._read_kv(self.pids_dir, "pids.events").get("max", 0)
+
+    @property
+    def cpu_limited(self) -> bool:
+        """Whether the call's CPU share is bounded by this group."""
+        return self.cpu_dir is not None
+
+    def cpu_throttled_s(self) -> float | None:
+        """Seconds the kernel held the call's processes back to keep it within its CPU share."""
+        if self.cpu_dir is None:
+            return None
+        stat = self._read_kv(self.cpu_dir, "cpu.stat")
+        if self.version == 2:
+            return stat["throttled_usec"] / 1e6 if "throttled_usec" in stat else None
+        return stat["throttled_time"] / 1e9 if "throttled_time" in stat else None
 
     def peak_memory_bytes(self) -> int | None:
         name = "memory.peak" if self.version == 2 else "memory.max_usage_in_bytes"
@@ -238,7 +283,7 @@ def pid_alive(pid: int) -> bool:
 def remove_stale(parents: CgroupParents) -> int:
     """Kill and remove groups left by sandboxes whose creator died; returns how many were removed."""
     removed = 0
-    for parent in sorted({parents.memory, parents.pids}):
+    for parent in sorted({parents.memory, parents.pids, *([parents.cpu] if parents.cpu else [])}):
         try:
             names = os.listdir(parent)
         except OSError:
@@ -268,4 +313,12 @@ def remove_stale(parents: CgroupParents) -> int:
     return removed
 
 
-__all__ = ["PREFIX", "CallCgroup", "CgroupParents", "find_parents", "pid_alive", "remove_stale"]
+__all__ = [
+    "CPU_PERIOD_US",
+    "PREFIX",
+    "CallCgroup",
+    "CgroupParents",
+    "find_parents",
+    "pid_alive",
+    "remove_stale",
+]

@@ -21,8 +21,11 @@ Isolation, best first (``SandboxLimits.isolation="auto"`` picks the first that w
 
 In every mode: a random unprivileged uid when we run as root; ``PR_SET_NO_NEW_PRIVS``; rlimits (CPU,
 file size, open files, processes, and address space when no cgroup bounds memory); the parent's wall
-clock and output cap; a per-call cgroup (:mod:`flowgrpo.sandbox.cgroup`) bounding memory and processes of the
-whole call when one can be created; ``oom_score_adj=1000`` so that the host's OOM killer picks sandbox
+clock and output cap; a per-call cgroup (:mod:`flowgrpo.sandbox.cgroup`) bounding memory, processes and the CPU
+share (``SandboxLimits.cpus``, one core by default) of the whole call when one can be created; the
+call's own session keyring, and as root its own user namespace, so that kernel keys the code creates
+(``add_key``: kept by the kernel, not by any process) are freed with the call and never reach the
+trainer's keyrings or the next call; ``oom_score_adj=1000`` so that the host's OOM killer picks sandbox
 processes before the trainer; ``PR_SET_PDEATHSIG`` so that nothing outlives a killed trainer; a
 SIGKILL of the process group and the cgroup on every exit path, cancellation included.
 
@@ -100,6 +103,13 @@ class SandboxLimits(BaseModel):
         1024, ge=64, description="memory of the whole call (cgroup); RLIMIT_AS per process when no cgroup"
     )
     max_processes: int = Field(32, ge=1, description="processes and threads of the call")
+    cpus: float | None = Field(
+        1.0,
+        gt=0,
+        description="CPU share of the whole call in cores (cgroup cpu.max / cpu.cfs_quota_us: 0.5 = half "
+        "a core, 2 = two cores' time over any number of cores); null = unbounded. Without a cgroup cpu "
+        "controller only wall_s and cpu_s (per process) bound it, and sandbox_capabilities() says so",
+    )
     file_size_mb: int = Field(16, ge=1, description="RLIMIT_FSIZE: largest file the code may write")
     disk_mb: int = Field(64, ge=1, description="size of the private /tmp and /dev/shm (namespace modes)")
     max_output_bytes: int = Field(1_000_000, ge=1_000, description="stdout+stderr beyond this kills the run")
@@ -138,6 +148,11 @@ class SandboxResult(BaseModel):
         default_factory=list, description="limits that bound each process, not the whole call"
     )
     peak_memory_mb: float | None = None  # the call's cgroup peak, when there is one
+    cpu_throttled_s: float | None = Field(
+        None,
+        description="seconds the kernel held the call back to keep it within limits.cpus; None: no CPU "
+        "share was applied (cpus=null, or no cgroup cpu controller here)",
+    )
 
     @property
     def ok(self) -> bool:
@@ -150,6 +165,8 @@ class SandboxCapabilities(BaseModel):
     bwrap: str | None  # path of a working bwrap
     unshare: str | None  # path of a working unshare
     cgroup: Literal["v1", "v2"] | None  # per-call memory and process limits
+    cpu_share: bool  # a per-call CPU share (SandboxLimits.cpus) can be applied
+    private_keyrings: bool  # keys the code creates are freed with the call (own session keyring, user ns)
     drop_uid: bool
     missing: list[str]  # protections the best mode lacks
 
@@ -399,6 +416,16 @@ if pid == 0:
             os.setgroups([])
             os.setresgid(uid, uid, uid)
             os.setresuid(uid, uid, uid)
+            if cfg["keyring_userns"]:  # the uid's user keyrings live in this namespace and die with it
+                if libc.unshare(0x10000000) != 0:  # CLONE_NEWUSER
+                    raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER): " + os.strerror(ctypes.get_errno()))
+                libc.prctl(4, 1, 0, 0, 0)  # dumpable again (the uid change cleared it): /proc/self is ours
+                for name, text in (("setgroups", "deny"), ("uid_map", "%d %d 1" % (uid, uid)), ("gid_map", "%d %d 1" % (uid, uid))):
+                    with open("/proc/self/" + name, "w") as f:
+                        f.write(text)
+        if cfg["keyctl"] is not None:  # KEYCTL_JOIN_SESSION_KEYRING, NULL: a new anonymous session keyring
+            if libc.syscall(cfg["keyctl"], 1, None) < 0:
+                raise OSError(ctypes.get_errno(), "keyctl(JOIN_SESSION_KEYRING): " + os.strerror(ctypes.get_errno()))
         libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
         libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG = SIGKILL (after the uid change, which clears it)
         L = cfg["limits"]
@@ -473,6 +500,29 @@ _PROBE = (
     "    assert ctypes.CDLL(None).unshare(0x10000000) == 0\n"
 )
 
+# Proves what the code's process does for private keyrings works in a mode: as root, an unprivileged
+# uid makes a user namespace (FLOWGRPO_USERNS_UID); then a new session keyring is joined.
+_KEYRING_PROBE = (
+    "import ctypes, os\n"
+    "libc = ctypes.CDLL(None)\n"
+    "uid = int(os.environ.get('FLOWGRPO_USERNS_UID', '0'))\n"
+    "if uid:\n"
+    "    os.setgroups([]); os.setresgid(uid, uid, uid); os.setresuid(uid, uid, uid)\n"
+    "    assert libc.unshare(0x10000000) == 0\n"
+    "    libc.prctl(4, 1, 0, 0, 0)\n"
+    "    for name, text in (('setgroups', 'deny'), ('uid_map', '%d %d 1' % (uid, uid)), ('gid_map', '%d %d 1' % (uid, uid))):\n"
+    "        with open('/proc/self/' + name, 'w') as f:\n"
+    "            f.write(text)\n"
+    "assert libc.syscall(int(os.environ['FLOWGRPO_KEYCTL']), 1, None) >= 0\n"
+)
+
+# keyctl(2)'s syscall number (glibc exports no wrapper; libkeyutils may not be installed).
+_SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "riscv64": 219, "ppc64le": 311, "ppc64": 311, "s390x": 280}
+
+
+def _sys_keyctl() -> int | None:
+    return _SYS_KEYCTL.get(os.uname().machine)
+
 
 def probe_isolation(bwrap: str | None, unshare: str | None) -> SandboxCapabilities:
     """What isolation works here with these binaries (None = not installed); no caching."""
@@ -484,6 +534,11 @@ def probe_isolation(bwrap: str | None, unshare: str | None) -> SandboxCapabiliti
     un = unshare if unshare and linux and _probe([*_unshare_argv(unshare), *nested, *py]) else None
     mode: Isolation = "bwrap" if bw else "unshare" if un else "weak"
     parents = cgroup.find_parents() if linux else None
+    keyctl = _sys_keyctl() if linux else None
+    keyrings = keyctl is not None and (
+        (not is_root and mode != "weak")  # the mode's user namespace holds the code's user keyrings
+        or (is_root and _probe(_keyring_probe_argv(mode, bw, un, keyctl)))
+    )
     missing = []
     if mode == "weak":
         missing += [
@@ -499,16 +554,40 @@ def probe_isolation(bwrap: str | None, unshare: str | None) -> SandboxCapabiliti
             "per-call memory limit (no cgroup can be created here: RLIMIT_AS bounds each process, so "
             "max_processes x memory_mb in total)"
         )
+    if parents is None or parents.cpu is None:
+        where = "no cgroup can be created here" if parents is None else "no cgroup cpu controller here"
+        missing.append(
+            f"per-call CPU share ({where}: a call may keep every core busy until its wall_s limit; only "
+            "cpu_s per process bounds it)"
+        )
     if not is_root and (mode == "weak" or not _kernel_at_least(5, 14)):
         missing.append("per-call process limit (RLIMIT_NPROC counts all processes of your user)")
+    if not keyrings:
+        missing.append(
+            "private kernel keyrings (keys the code adds with add_key can outlive the call and reach "
+            "your session keyring)"
+        )
     return SandboxCapabilities(
         mode=mode,
         bwrap=bw,
         unshare=un,
         cgroup=None if parents is None else ("v1" if parents.version == 1 else "v2"),
+        cpu_share=parents is not None and parents.cpu is not None,
+        private_keyrings=keyrings,
         drop_uid=is_root,
         missing=missing,
     )
+
+
+def _keyring_probe_argv(mode: Isolation, bwrap: str | None, unshare: str | None, keyctl: int) -> list[str]:
+    """The keyring probe run the way a call of ``mode`` runs its code (root only)."""
+    env = ["env", f"FLOWGRPO_KEYCTL={keyctl}", f"FLOWGRPO_USERNS_UID={random.randrange(100_000, 1_000_000)}"]
+    py = [_view().python, "-I", "-S", "-c", _KEYRING_PROBE]
+    if mode == "bwrap" and bwrap:
+        return [*_bwrap_argv(bwrap, 1), *env, *py]
+    if mode == "unshare" and unshare:
+        return [*_unshare_argv(unshare), *env, *py]
+    return [*env, *py]
 
 
 @functools.lru_cache(maxsize=1)
@@ -666,6 +745,7 @@ async def arun_python(
                 parents,
                 memory_bytes=limits.memory_mb * 2**20,
                 max_pids=limits.max_processes + EXTRA_PIDS[mode],
+                cpus=limits.cpus,
             )
         except OSError as e:
             log.warning("no cgroup for this sandbox call (%s): memory is limited per process only", e)
@@ -702,6 +782,8 @@ async def arun_python(
         "work": work,
         "uid": uid,
         "nested_userns": mode == "unshare" and not is_root,
+        "keyring_userns": is_root and caps.private_keyrings,
+        "keyctl": _sys_keyctl() if caps.private_keyrings else None,
         "disk_mb": limits.disk_mb,
         "hide": list(view.hide),
         "mask": list(view.mask),
@@ -783,6 +865,7 @@ async def arun_python(
         oom = cg.oom_kills() if cg else 0
         refused = cg.fork_refusals() if cg else 0
         peak = cg.peak_memory_bytes() if cg else None
+        throttled = cg.cpu_throttled_s() if cg else None
         finished = True
     finally:
         for t in tasks:
@@ -819,6 +902,7 @@ async def arun_python(
         weak_isolation=mode == "weak",
         per_process_limits=per_process,
         peak_memory_mb=None if peak is None else round(peak / 2**20, 1),
+        cpu_throttled_s=None if throttled is None else round(throttled, 3),
     )
 
 

@@ -26,15 +26,16 @@ def main(
     record: str | None = None,
     max_episode_turns: int = 64,
     max_episode_tokens: int = 8192,
+    device: str = "auto",
 ) -> int:
     """Entry point of ``flowgrpo serve``: load ``model`` (a run directory's checkpoint, an exported
-    directory, a model name) and serve until interrupted."""
+    directory, a model name) on ``device`` and serve until interrupted."""
     from flowgrpo.gateway.app import DEFAULT_MAX_REQUEST_BYTES
     from flowgrpo.gateway.recorder import EpisodeRecorder, RecorderLimits
     from flowgrpo.rollout.backends.hf import HFBackend
     from flowgrpo.runs.export import load_served_policy
 
-    m, tok = load_served_policy(model, step=step)
+    m, tok = load_served_policy(model, step=step, device=device)
     backend = HFBackend(m, tok, max_batch_size=max_batch_size, autocast_dtype=autocast)
     recorder = None
     if record:

@@ -14,6 +14,10 @@ Micro-batches hold at most ``token_budget`` padded tokens (``B * T_max``); rows 
 so rows of similar length share a micro-batch, padded on the right with an attention mask. The
 aggregation weights are computed once over all rows of the mini-batch, so the sum of the
 micro-batch losses is exactly the mini-batch loss (gradient accumulation without approximation).
+
+Every tensor is created on the ``device`` the caller names (the policy's: ``Components.device``),
+from padded Python lists in one host-to-device copy per field; nothing is built on the CPU and
+moved later, and no model input crosses devices.
 """
 
 from __future__ import annotations
@@ -121,36 +125,52 @@ class MicroBatch:
     def num_action_tokens(self) -> int:
         return int(self.loss_mask.sum())
 
+    @property
+    def device(self) -> torch.device:
+        return self.input_ids.device
+
     def to(self, device: torch.device | str) -> MicroBatch:
+        """A copy on ``device`` (for tests and tools; the trainer builds micro-batches in place)."""
         f = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
         return MicroBatch(**f)
 
 
-def _pad(rows: Sequence[Row], field: str, fill, dtype: torch.dtype, T: int) -> torch.Tensor:
-    out = torch.full((len(rows), T), fill, dtype=dtype)
-    for i, r in enumerate(rows):
-        v = getattr(r, field)
-        out[i, : len(v)] = torch.tensor(v, dtype=dtype)
-    return out
+def _pad(
+    rows: Sequence[Row],
+    field: str,
+    fill,
+    dtype: torch.dtype,
+    T: int,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """``(len(rows), T)``: each row's ``field`` right-padded with ``fill``, created on ``device``."""
+    return torch.tensor(
+        [(v := getattr(r, field)) + [fill] * (T - len(v)) for r in rows], dtype=dtype, device=device
+    )
 
 
-def collate(rows: Sequence[Row], *, pad_id: int = 0, token_weights: torch.Tensor | None = None) -> MicroBatch:
-    """Right-pad ``rows`` into one :class:`MicroBatch` (weights default to a token mean)."""
+def collate(
+    rows: Sequence[Row],
+    *,
+    pad_id: int = 0,
+    token_weights: torch.Tensor | None = None,
+    device: torch.device | str | None = None,
+) -> MicroBatch:
+    """Right-pad ``rows`` into one :class:`MicroBatch` on ``device`` (default the CPU); the
+    weights default to a token mean."""
     T = max(len(r) for r in rows)
-    mask = _pad(rows, "loss_mask", 0, torch.float32, T)  # (B, T)
-    attn = torch.zeros(len(rows), T, dtype=torch.long)
-    for i, r in enumerate(rows):
-        attn[i, : len(r)] = 1
+    mask = _pad(rows, "loss_mask", 0, torch.float32, T, device)  # (B, T)
+    attn = torch.tensor([[1] * len(r) + [0] * (T - len(r)) for r in rows], dtype=torch.long, device=device)
     if token_weights is None:
-        token_weights = mask / mask.sum().clamp_min(1.0)
+        token_weights = mask / mask.sum().clamp_min(1.0)  # (B, T)
     return MicroBatch(
-        input_ids=_pad(rows, "input_ids", pad_id, torch.long, T),
+        input_ids=_pad(rows, "input_ids", pad_id, torch.long, T, device),
         attention_mask=attn,
         loss_mask=mask,
-        advantages=_pad(rows, "advantages", 0.0, torch.float32, T),
-        old_logprobs=_pad(rows, "old_logprobs", 0.0, torch.float32, T),
-        turn_index=_pad(rows, "turn_index", 0, torch.long, T),
-        seq_index=torch.tensor([r.seq_index for r in rows], dtype=torch.long),
+        advantages=_pad(rows, "advantages", 0.0, torch.float32, T, device),
+        old_logprobs=_pad(rows, "old_logprobs", 0.0, torch.float32, T, device),
+        turn_index=_pad(rows, "turn_index", 0, torch.long, T, device),
+        seq_index=torch.tensor([r.seq_index for r in rows], dtype=torch.long, device=device),  # (B,)
         token_weights=token_weights,
         rows=list(rows),
     )
@@ -164,6 +184,7 @@ def micro_batches(
     norm_len: int | None = None,
     pad_id: int = 0,
     weights_over: Sequence[Row] | None = None,
+    device: torch.device | str | None = None,
 ) -> list[MicroBatch]:
     """Split the rows of one mini-batch into micro-batches of at most ``token_budget`` padded tokens.
 
@@ -175,6 +196,8 @@ def micro_batches(
     ``weights_over``: the whole mini-batch when ``rows`` are only part of it (a data-parallel rank's
     rows, :mod:`flowgrpo.training.distributed`): the weights are normalised over ``weights_over`` (which must
     contain every row of ``rows``, by identity), so the ranks' losses sum to the whole batch's.
+
+    ``device``: where every tensor is created (the model's; default the CPU).
     """
     if not rows:
         return []
@@ -183,17 +206,19 @@ def micro_batches(
     basis = list(weights_over) if weights_over is not None else list(rows)
     # Weights over the whole mini-batch: one padded int tensor (cheap: no activations).
     T = max(len(r) for r in basis)
-    mask = _pad(basis, "loss_mask", 0, torch.float32, T)  # (N, T)
+    mask = _pad(basis, "loss_mask", 0, torch.float32, T, device)  # (N, T)
     w_all = aggregation_weights(
         mask,
         agg,
-        seq_index=torch.tensor([r.seq_index for r in basis]),
-        turn_index=_pad(basis, "turn_index", 0, torch.long, T),
+        seq_index=torch.tensor([r.seq_index for r in basis], dtype=torch.long, device=device),  # (N,)
+        turn_index=_pad(basis, "turn_index", 0, torch.long, T, device),
         norm_len=norm_len,
     )  # (N, T)
     if weights_over is not None:
         at = {id(r): i for i, r in enumerate(basis)}
-        w_all = w_all[[at[id(r)] for r in rows]]  # (len(rows), T)
+        w_all = w_all[
+            torch.tensor([at[id(r)] for r in rows], dtype=torch.long, device=w_all.device)
+        ]  # (len(rows), T)
     order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
     groups: list[list[int]] = []
     cur: list[int] = []
@@ -218,7 +243,8 @@ def micro_batches(
     for g in groups:
         sel = [rows[i] for i in g]
         Tg = max(len(r) for r in sel)
-        out.append(collate(sel, pad_id=pad_id, token_weights=w_all[g, :Tg].clone()))
+        idx = torch.tensor(g, dtype=torch.long, device=w_all.device)  # (B,)
+        out.append(collate(sel, pad_id=pad_id, token_weights=w_all[idx, :Tg].clone(), device=device))
     return out
 
 

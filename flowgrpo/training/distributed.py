@@ -69,10 +69,12 @@ def context() -> DistContext:
     return DistContext()
 
 
-def init_from_env(device: str = "cpu") -> DistContext:
+def init_from_env(device: torch.device | str = "cpu") -> DistContext:
     """Join the process group ``torchrun`` describes in the environment (``WORLD_SIZE`` > 1), with
-    ``nccl`` for CUDA (each rank on ``cuda:LOCAL_RANK``) and ``gloo`` otherwise; a no-op in a plain
-    process or when the group already exists."""
+    ``nccl`` for CUDA and ``gloo`` otherwise; a no-op in a plain process or when the group already
+    exists. ``device``: this rank's, as :func:`flowgrpo.modeling.hardware.resolve_device` gives it under
+    torchrun (``cuda:LOCAL_RANK``: one GPU per rank); it becomes the current CUDA device, which NCCL's
+    object collectives (:func:`gather_groups`) and barriers use."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not dist.is_initialized():
         missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
@@ -81,9 +83,10 @@ def init_from_env(device: str = "cpu") -> DistContext:
                 f"WORLD_SIZE={world} but {', '.join(missing)} unset: launch with "
                 "`torchrun --nproc_per_node N -m flowgrpo train CONFIG`"
             )
-        cuda = str(device).startswith("cuda")
+        dev = torch.device(device)
+        cuda = dev.type == "cuda"
         if cuda:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(dev if dev.index is not None else int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl" if cuda else "gloo")
     return context()
 
@@ -133,7 +136,8 @@ def all_reduce_gradients(params: Sequence[torch.Tensor], finite: bool, ctx: Dist
 
 
 def all_finite(finite: bool, ctx: DistContext, *, device: torch.device | str = "cpu") -> bool:
-    """Whether every rank's loss and gradient were finite (each passes its own ``finite``)."""
+    """Whether every rank's loss and gradient were finite (each passes its own ``finite``).
+    ``device``: the policy's (NCCL reduces CUDA tensors only)."""
     if not ctx.enabled:
         return finite
     flag = torch.tensor([0.0 if finite else 1.0], device=device)
@@ -142,7 +146,8 @@ def all_finite(finite: bool, ctx: DistContext, *, device: torch.device | str = "
 
 
 def max_over_ranks(value: int, ctx: DistContext, *, device: torch.device | str = "cpu") -> int:
-    """The largest of the ranks' ``value`` (e.g. micro-batches to run), on every rank."""
+    """The largest of the ranks' ``value`` (e.g. micro-batches to run), on every rank.
+    ``device``: the policy's (NCCL reduces CUDA tensors only)."""
     if not ctx.enabled:
         return value
     t = torch.tensor([value], dtype=torch.long, device=device)

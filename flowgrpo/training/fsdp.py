@@ -72,15 +72,20 @@ class ShardedPolicy:
     Args:
         model: the run's full policy (copied; the copy is sharded, ``model`` is left whole).
         world_size: ranks in the process group.
+        device: this rank's device (the policy's): the mesh is of its type, so a CPU run on a GPU
+            machine shards over gloo on the CPU and a CUDA run over NCCL on ``cuda:LOCAL_RANK``.
     """
 
-    def __init__(self, model: nn.Module, world_size: int) -> None:
+    def __init__(self, model: nn.Module, world_size: int, device: torch.device | str = "cpu") -> None:
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
+        self.device = torch.device(device)
+        mesh = init_device_mesh(self.device.type, (world_size,))
         self.module = LogprobModule(copy.deepcopy(model))
         for layer in decoder_layers(self.module.lm):
-            fully_shard(layer)
-        fully_shard(self.module)
+            fully_shard(layer, mesh=mesh)
+        fully_shard(self.module, mesh=mesh)
         self.loss_scale = float(world_size)
 
     def parameters(self) -> list[torch.Tensor]:
@@ -96,8 +101,8 @@ class ShardedPolicy:
         """A forward and backward that contributes nothing (zero loss on two pad tokens): run by a
         rank that has no micro-batch left while others do, so every rank gathers and reduces the
         same units the same number of times."""
-        ids = torch.full((1, 2), pad_id, dtype=torch.long, device=self.parameters()[0].device)
-        lp, _ = self.logprobs(ids, torch.ones_like(ids), torch.tensor([[0.0, 1.0]], device=ids.device))
+        ids = torch.full((1, 2), pad_id, dtype=torch.long, device=self.device)  # (1, 2)
+        lp, _ = self.logprobs(ids, torch.ones_like(ids), torch.tensor([[0.0, 1.0]], device=self.device))
         (lp.sum() * 0.0).backward()
 
     def load_from(self, model: nn.Module) -> None:

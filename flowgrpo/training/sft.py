@@ -130,7 +130,9 @@ def supervised_epochs(
             for k in range(0, len(seqs), batch_trajectories):
                 batch = [r for s in seqs[k : k + batch_trajectories] for r in by_seq[s]]
                 opt.zero_grad(set_to_none=True)
-                for mb in micro_batches(batch, cfg.train.micro_batch_tokens, pad_id=parts.pad_id):
+                for mb in micro_batches(
+                    batch, cfg.train.micro_batch_tokens, pad_id=parts.pad_id, device=parts.device
+                ):
                     lp, _ = action_logprobs(
                         model,
                         mb.input_ids,

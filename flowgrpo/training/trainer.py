@@ -57,6 +57,7 @@ from flowgrpo.config import TrainConfig, dump_config
 from flowgrpo.env import Environment, Split
 from flowgrpo.gateway.agents import GatewayRollout
 from flowgrpo.gateway.agents import summarize as summarize_gateway
+from flowgrpo.modeling.hardware import resolve_device
 from flowgrpo.modeling.logprobs import action_logprobs
 from flowgrpo.modeling.lora import is_lora, reference_mode
 from flowgrpo.rollout.engine import RolloutEngine
@@ -142,14 +143,22 @@ class Trainer:
         reward: GroupScorer | None = None,
     ) -> None:
         self.cfg = cfg = config
-        # torchrun: join the process group first (each rank's CUDA device is set before the build)
-        self.dist = distributed.init_from_env(cfg.model.device or "cpu")
+        # torchrun: join the process group first (nccl on cuda:LOCAL_RANK, set before the build)
+        device = resolve_device(cfg.model.device)
+        self.dist = distributed.init_from_env(device)
         distributed.check_supported(cfg, self.dist)
         if parts is None:
             parts = build(cfg, model=model, tokenizer=tokenizer, env_factory=env_factory, reward=reward)
         elif any(x is not None for x in (model, tokenizer, env_factory, reward)):
             raise ValueError("pass either built parts or the pieces to build them from, not both")
         self.parts = parts
+        # every tensor of the update is created here: the policy's device
+        self.device = parts.device
+        if self.dist.enabled and self.device.type != device.type:
+            raise ValueError(
+                f"under torchrun the policy must be on this rank's {device} (model.device="
+                f"{cfg.model.device}), but the model passed in is on {self.device}"
+            )
         self.model.train()
         # The KL anchor: skipped entirely (no copy, no forward) when kl_coef is 0.
         self.ref_model = frozen_reference(self.model) if cfg.algorithm.kl_coef > 0 else None
@@ -169,7 +178,7 @@ class Trainer:
             self.gateway = GatewayRollout(parts.backend, parts.tokenizer, cfg.rollout, cfg.rollout.gateway)
         # train.parallel=fsdp2 under torchrun: the trained copy is sharded (flowgrpo.training.fsdp); the full
         # model keeps serving rollout, evaluation and checkpoints
-        self.sharded = ShardedPolicy(self.model, self.dist.world_size) if self._fsdp() else None
+        self.sharded = ShardedPolicy(self.model, self.dist.world_size, self.device) if self._fsdp() else None
         self.optimizer = adamw(
             self.sharded.module if self.sharded is not None else self.model,
             lr=cfg.train.lr,
@@ -551,11 +560,16 @@ class Trainer:
                 norm_len=a.norm_len,
                 pad_id=self.parts.pad_id,
                 weights_over=weights_over,
+                device=self.device,
             )
         )
         # fsdp2: every rank runs as many forward/backward passes as the busiest one (the same
         # collectives in the same order)
-        idle = distributed.max_over_ranks(len(mbs), self.dist) - len(mbs) if self.sharded is not None else 0
+        idle = (
+            distributed.max_over_ranks(len(mbs), self.dist, device=self.device) - len(mbs)
+            if self.sharded is not None
+            else 0
+        )
         for mb in mbs:
             lp, ent = self._policy_logprobs(mb, with_entropy=True, entropy_grad=a.entropy_coef > 0)
             old_lp, is_w = mb.old_logprobs, None
@@ -613,7 +627,7 @@ class Trainer:
             if self.sharded is None:
                 finite = distributed.all_reduce_gradients(params, finite, self.dist)
             else:
-                finite = distributed.all_finite(finite, self.dist)
+                finite = distributed.all_finite(finite, self.dist, device=self.device)
             sums = distributed.sum_over_ranks({**sums, "\0tokens": tokens}, self.dist)
             tokens = sums.pop("\0tokens")
         grad_norm = float("nan")
@@ -669,11 +683,15 @@ class Trainer:
         before this update is in the top ``algorithm.entropy_top_q`` of the whole batch (fixed
         before the first micro-batch, so micro-batch sums stay exact)."""
         ents: dict[int, torch.Tensor] = {}
-        for mb in micro_batches(rows, self.cfg.train.micro_batch_tokens, pad_id=self.parts.pad_id):
+        for mb in micro_batches(
+            rows, self.cfg.train.micro_batch_tokens, pad_id=self.parts.pad_id, device=self.device
+        ):
             _, ent = self._logprobs(self.model, mb, with_entropy=True)
             for i, r in enumerate(mb.rows):
-                ents[id(r)] = ent[i, : len(r)].clone()
-        on = torch.cat([ents[id(r)][torch.tensor(r.loss_mask, dtype=torch.bool)] for r in rows])  # (N,)
+                ents[id(r)] = ent[i, : len(r)].clone()  # (len(r),)
+        on = torch.cat(
+            [ents[id(r)][torch.tensor(r.loss_mask, dtype=torch.bool, device=self.device)] for r in rows]
+        )  # (N,)
         threshold = entropy_top_q_threshold(on, float(self.cfg.algorithm.entropy_top_q or 1.0))
         return {k: (e >= threshold).float() for k, e in ents.items()}
 
@@ -681,7 +699,9 @@ class Trainer:
     def _precompute(self, model: Any, rows: list[Row]) -> dict[int, torch.Tensor]:
         """Per-row logprobs under ``model`` (no graph), keyed by ``id(row)``."""
         out: dict[int, torch.Tensor] = {}
-        for mb in micro_batches(rows, self.cfg.train.micro_batch_tokens, pad_id=self.parts.pad_id):
+        for mb in micro_batches(
+            rows, self.cfg.train.micro_batch_tokens, pad_id=self.parts.pad_id, device=self.device
+        ):
             lp, _ = self._logprobs(model, mb)
             for i, r in enumerate(mb.rows):
                 out[id(r)] = lp[i, : len(r)].clone()

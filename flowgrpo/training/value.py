@@ -37,9 +37,9 @@ class ValueHead(torch.nn.Module):
     """``h -> w . h + b``: one scalar per position. Zero-initialised, so every value starts at 0
     and the first advantages are the discounted rewards themselves."""
 
-    def __init__(self, hidden_size: int) -> None:
+    def __init__(self, hidden_size: int, device: torch.device | str | None = None) -> None:
         super().__init__()
-        self.proj = torch.nn.Linear(hidden_size, 1)
+        self.proj = torch.nn.Linear(hidden_size, 1, device=device)
         torch.nn.init.zeros_(self.proj.weight)
         torch.nn.init.zeros_(self.proj.bias)
 
@@ -51,10 +51,12 @@ class ValueModel(torch.nn.Module):
     """A transformer backbone plus a :class:`ValueHead`; ``forward`` gives ``(B, T)`` values where
     ``values[:, t]`` is ``V`` of the state before token ``t`` (``values[:, 0] = 0``)."""
 
-    def __init__(self, backbone: torch.nn.Module, hidden_size: int) -> None:
+    def __init__(
+        self, backbone: torch.nn.Module, hidden_size: int, device: torch.device | str | None = None
+    ) -> None:
         super().__init__()
         self.backbone = backbone
-        self.head = ValueHead(hidden_size)
+        self.head = ValueHead(hidden_size, device)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         hidden = self.backbone(
@@ -80,25 +82,34 @@ class Critic:
 
     def __init__(self, policy: Any, cfg: PPOConfig, *, lr: float, autocast: str | None = None) -> None:
         self.cfg, self.autocast = cfg, autocast
+        # the critic lives on the policy's device: its inputs are the policy's micro-batches
+        self.device = device = next(policy.parameters()).device
         backbone, _ = split_model(policy)
         if cfg.value_model == "shared":
-            self.model = ValueModel(backbone, _hidden_size(policy))
+            self.model = ValueModel(backbone, _hidden_size(policy), device)
             trainable = list(self.model.head.parameters())  # the backbone is the policy's to step
         else:
             if cfg.value_model_path is not None:
+                from pathlib import Path
+
                 from transformers import AutoModel
 
-                backbone = AutoModel.from_pretrained(cfg.value_model_path)
+                from flowgrpo.modeling.models import ModelLoadError
+
+                if not (Path(cfg.value_model_path) / "config.json").is_file():
+                    raise ModelLoadError(
+                        f"algorithm.ppo.value_model_path={cfg.value_model_path!r} is not a local Hugging Face "
+                        "model directory (no config.json): pass one (e.g. flowgrpo export RUN DIR), or "
+                        "algorithm.ppo.value_model_path=null to copy the policy's backbone"
+                    )
+                backbone = AutoModel.from_pretrained(cfg.value_model_path).to(device)  # loaded on the CPU
                 hidden = _hidden_size(backbone)
             else:
-                backbone, hidden = copy.deepcopy(backbone), _hidden_size(policy)
+                backbone, hidden = copy.deepcopy(backbone), _hidden_size(policy)  # on the policy's device
             for p in backbone.parameters():
                 p.requires_grad_(True)
-            self.model = ValueModel(backbone, hidden)
+            self.model = ValueModel(backbone, hidden, device)
             trainable = [p for p in self.model.parameters() if p.requires_grad]
-        device = next(policy.parameters()).device
-        self.model.head.to(device)
-        self.model.backbone.to(device)
         self.model.train()
         self.params = trainable
         self.optimizer = torch.optim.AdamW(trainable, lr=lr)
@@ -131,57 +142,55 @@ class Critic:
             cur.append(r)
         if cur:
             budget_rows.append(cur)
+        dev = self.device
         self.model.eval()
         for chunk in budget_rows:
-            mb = collate(chunk, pad_id=pad_id).to(next(self.model.parameters()).device)
-            v = self.values(mb).cpu()
+            mb = collate(chunk, pad_id=pad_id, device=dev)
+            v = self.values(mb)  # (B, T), on the critic's device
             for i, r in enumerate(chunk):
                 old[id(r)] = v[i, : len(r)].clone()
         self.model.train()
         # One flat sequence of action tokens per trajectory, rows in order (a context reset splits
-        # an episode into rows; GAE still runs across them).
+        # an episode into rows; GAE still runs across them). Rewards are placed from the Python
+        # lists; values, GAE and whitening run on the device, one scatter per row.
         by_seq: dict[int, list[Row]] = {}
         for r in rows:
             by_seq.setdefault(r.seq_index, []).append(r)
-        adv_of: dict[int, torch.Tensor] = {}
+        acts = {id(r): [t for t in range(len(r)) if r.loss_mask[t]] for r in rows}  # action positions
+        act_idx = {k: torch.tensor(v, dtype=torch.long, device=dev) for k, v in acts.items()}
         all_adv, all_ret, all_val = [], [], []
         for s, srows in by_seq.items():
             traj = trajs[s]
-            pos = [(r, t) for r in srows for t in range(len(r)) if r.loss_mask[t]]  # action tokens
-            turn = torch.tensor([r.turn_index[t] for r, t in pos])  # (N,)
-            vals = torch.stack([old[id(r)][t] for r, t in pos])  # (N,)
-            rew = torch.zeros(len(pos))  # (N,)
-            last_of_turn = torch.ones(len(pos), dtype=torch.bool)
-            last_of_turn[:-1] = turn[1:] != turn[:-1]
-            for i in torch.nonzero(last_of_turn).flatten().tolist():
-                rew[i] += float(traj.turns[int(turn[i])].reward)
+            turn = [r.turn_index[t] for r in srows for t in acts[id(r)]]  # (N,) as a list
+            vals = torch.cat([old[id(r)][act_idx[id(r)]] for r in srows])  # (N,)
+            rew = [0.0] * len(turn)  # (N,)
+            for i, k in enumerate(turn):
+                if i + 1 == len(turn) or turn[i + 1] != k:  # the last action token of turn k
+                    rew[i] += float(traj.turns[k].reward)
             rew[-1] += float(traj.reward)
-            a, ret = gae(rew[None], vals[None], torch.ones(1, len(pos)), gamma=cfg.gamma, lam=cfg.lam)
+            rew_t = torch.tensor([rew], dtype=torch.float32, device=dev)  # (1, N)
+            a, ret = gae(rew_t, vals[None], torch.ones_like(rew_t), gamma=cfg.gamma, lam=cfg.lam)  # (1, N)
             all_adv.append(a[0])
             all_ret.append(ret[0])
             all_val.append(vals)
-            for r in srows:
-                adv_of[id(r)] = torch.zeros(len(r))
-                self._targets[id(r)] = (torch.zeros(len(r)), old[id(r)])  # (returns, old values)
-            for (r, t), x, y in zip(pos, a[0].tolist(), ret[0].tolist(), strict=True):
-                adv_of[id(r)][t] = x
-                self._targets[id(r)][0][t] = y
-        adv_flat = torch.cat(all_adv)  # (N_all,)
-        if cfg.whiten_advantages:
-            white = masked_whiten(adv_flat, torch.ones_like(adv_flat))
-            offset = 0
-            for r in [r for s in by_seq for r in by_seq[s]]:
-                n = r.num_action_tokens
-                idx = torch.tensor([t for t in range(len(r)) if r.loss_mask[t]])
-                adv_of[id(r)][idx] = white[offset : offset + n]
-                offset += n
+        adv_flat = torch.cat(all_adv)  # (N_all,), trajectories in by_seq order, rows in order
+        ret_all = torch.cat(all_ret)  # (N_all,)
+        adv_used = masked_whiten(adv_flat, torch.ones_like(adv_flat)) if cfg.whiten_advantages else adv_flat
+        offset = 0
+        for r in [r for s in by_seq for r in by_seq[s]]:
+            n = len(acts[id(r)])
+            adv_r = torch.zeros(len(r), dtype=torch.float32, device=dev)  # (len(r),)
+            ret_r = torch.zeros(len(r), dtype=torch.float32, device=dev)
+            adv_r[act_idx[id(r)]] = adv_used[offset : offset + n]
+            ret_r[act_idx[id(r)]] = ret_all[offset : offset + n]
+            self._targets[id(r)] = (ret_r, old[id(r)])  # (returns, old values), on the device
+            r.advantages = adv_r.tolist()
+            offset += n
         for s, srows in by_seq.items():
             sums: dict[int, list[float]] = {}
             for r in srows:
-                r.advantages = adv_of[id(r)].tolist()
-                for t in range(len(r)):
-                    if r.loss_mask[t]:
-                        sums.setdefault(r.turn_index[t], []).append(r.advantages[t])
+                for t in acts[id(r)]:
+                    sums.setdefault(r.turn_index[t], []).append(r.advantages[t])
             for k, xs in sums.items():
                 trajs[s].turns[k].advantage = sum(xs) / len(xs)
         ret_flat, val_flat = torch.cat(all_ret), torch.cat(all_val)

@@ -19,6 +19,11 @@ class PluginError(ValueError):
     """A ``module:attr`` or ``file.py:attr`` that cannot be loaded; the message says why."""
 
 
+class MissingExtraError(ImportError):
+    """An optional dependency the configuration asks for is not installed; the message says how to
+    install it or what to choose instead (the command line prints it as one line, not a traceback)."""
+
+
 def is_spec(name: str) -> bool:
     """Whether ``name`` is a ``module:attr`` / ``file.py:attr`` reference rather than a registered name."""
     module, sep, attr = name.rpartition(":")

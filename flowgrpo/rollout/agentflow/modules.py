@@ -113,7 +113,11 @@ def make_module(
             from flowgrpo.modeling import models
 
             assert cfg.model is not None  # ModuleConfig refuses model without it
-            model, tok = models.tiny_model() if cfg.model == "tiny" else models.load_model(cfg.model)
+            device = next(policy.parameters()).device  # beside the policy: one GPU serves the flow
+            if cfg.model == "tiny":
+                model, tok = models.tiny_model(device=device)
+            else:
+                model, tok = models.load_model(cfg.model, device=device)
             model = frozen_copy(model)
         shared[key] = (HFBackend(model, tok, autocast_dtype=autocast), tok)
     module_backend, module_tok = shared[key]

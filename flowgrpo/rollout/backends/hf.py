@@ -484,15 +484,17 @@ class HFBackend(BackendBase):
         cached = [h[0] if h else 0 for h in hits]
         U, C = len(prompts), max(cached)
         S = max(len(p) - c for p, c in zip(prompts, cached, strict=True))
-        ids = torch.full((U, S), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((U, C + S), dtype=torch.long)
-        pos = torch.zeros((U, S), dtype=torch.long)
-        for u, (p, c) in enumerate(zip(prompts, cached, strict=True)):
+        # Left-padded uncached suffixes, their mask (cached columns + suffix) and positions, built as
+        # Python lists and created on the model's device in one copy each.
+        ids_l, mask_l, pos_l = [], [], []
+        for p, c in zip(prompts, cached, strict=True):
             s = len(p) - c
-            ids[u, S - s :] = torch.tensor(p[c:], dtype=torch.long)
-            mask[u, C - c : C] = 1
-            mask[u, C + S - s :] = 1
-            pos[u, S - s :] = torch.arange(c, c + s)
+            ids_l.append([self.pad_id] * (S - s) + list(p[c:]))
+            mask_l.append([0] * (C - c) + [1] * c + [0] * (S - s) + [1] * s)
+            pos_l.append([0] * (S - s) + list(range(c, c + s)))
+        ids = torch.tensor(ids_l, dtype=torch.long, device=dev)  # (U, S)
+        mask = torch.tensor(mask_l, dtype=torch.long, device=dev)  # (U, C + S)
+        pos = torch.tensor(pos_l, dtype=torch.long, device=dev)  # (U, S)
         cache = GrowingCache()
         if C > 0:
             first = next(h[1] for h in hits if h)
@@ -505,7 +507,6 @@ class HFBackend(BackendBase):
                         k[u, :, C - h[0] :] = h[1][layer][0]
                         v[u, :, C - h[0] :] = h[1][layer][1]
                 cache.update(k, v, layer)
-        ids, mask, pos = ids.to(dev), mask.to(dev), pos.to(dev)
         logits = self._forward(
             input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, logits_to_keep=1
         )  # (U, V)

@@ -27,9 +27,10 @@ from typing import Any
 
 from flowgrpo.modeling.lora import inference_state_dict
 from flowgrpo.rollout.backends.base import BackendBase, GenerationResult, SamplingParams, prompt_limits
+from flowgrpo.utils.plugins import MissingExtraError
 
 
-class VLLMUnavailableError(ImportError):
+class VLLMUnavailableError(MissingExtraError):
     """vLLM is not installed (or cannot run here); the message says how to get it."""
 
 
