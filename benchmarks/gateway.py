@@ -130,8 +130,8 @@ def main() -> None:
     from flowgrpo.envs.arithmetic import ArithmeticEnv
 
     from flowgrpo.gateway.recorder import EpisodeRecorder, RecorderLimits
+    from flowgrpo.gateway.serve import make_server, serve_in_thread
     from flowgrpo.rollout.backends.hf import HFBackend
-    from flowgrpo.serving.serve import make_server, serve_in_thread
 
     torch.manual_seed(args.seed)
     model, tok = load_policy(args.model, dtype=args.dtype, device=args.device)

@@ -22,11 +22,11 @@ import yaml
 from benchmarks.verifier_agreement import auc
 from flowgrpo.algorithms.stats import wilson_interval
 from flowgrpo.env import make
+from flowgrpo.gateway.serve import make_server, serve_in_thread
 from flowgrpo.rewards import JudgeReward, Missing
 from flowgrpo.rollout.backends.hf import HFBackend
 from flowgrpo.runs.export import load_served_policy
 from flowgrpo.runs.store import read_trajectories
-from flowgrpo.serving.serve import make_server, serve_in_thread
 from flowgrpo.types import TrajectoryGroup
 from flowgrpo.utils.aio import run_sync
 

@@ -475,7 +475,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from flowgrpo.serving.serve import main as serve_main
+    from flowgrpo.gateway.serve import main as serve_main
 
     api_key = None
     if args.api_key_env:

@@ -18,11 +18,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
+from flowgrpo.gateway.serve import make_server, serve_in_thread
 from flowgrpo.modeling.models import tiny_model
 from flowgrpo.rollout.backends.base import RolloutBackend, SamplingParams
 from flowgrpo.rollout.backends.hf import HFBackend
 from flowgrpo.rollout.backends.openai import OpenAIBackend, OpenAIBackendError, parse_completion_choice
-from flowgrpo.serving.serve import make_server, serve_in_thread
 from flowgrpo.types import Message
 
 PROMPTS = [[1, 40, 41, 42], [1, 50, 51, 52, 53, 54]]

@@ -15,6 +15,7 @@ from test_trainer import FirstTokenEnv, first_token_reward
 from flowgrpo.components import Components, build
 from flowgrpo.config import ConfigError, load_config
 from flowgrpo.env import Environment
+from flowgrpo.gateway.serve import make_server, serve_in_thread
 from flowgrpo.modeling.models import tiny_model, tiny_tokenizer
 from flowgrpo.rewards import CompositeReward, RewardSpec
 from flowgrpo.rollout.backends.base import RolloutBackend
@@ -22,7 +23,6 @@ from flowgrpo.rollout.backends.hf import HFBackend
 from flowgrpo.rollout.backends.openai import OpenAIBackend
 from flowgrpo.rollout.backends.vllm import VLLMUnavailableError
 from flowgrpo.runs.rundir import RunDir
-from flowgrpo.serving.serve import make_server, serve_in_thread
 from flowgrpo.training.pipeline import evaluate_run
 from flowgrpo.training.trainer import Trainer
 

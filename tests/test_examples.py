@@ -182,9 +182,9 @@ def test_gsm8k_diversity_recipe_trains_one_step(tmp_path):
 @pytest.fixture
 def judge_server():
     """``flowgrpo serve``'s server over the tiny random model on a free loopback port."""
+    from flowgrpo.gateway.serve import make_server, serve_in_thread
     from flowgrpo.modeling.models import tiny_model
     from flowgrpo.rollout.backends.hf import HFBackend
-    from flowgrpo.serving.serve import make_server, serve_in_thread
 
     model, tok = tiny_model(tiny_tokenizer(), seed=0)
     server = make_server(HFBackend(model, tok), tok, model_name="tiny", host="127.0.0.1", port=0)

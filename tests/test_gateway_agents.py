@@ -20,11 +20,11 @@ from test_rollout import ScriptedBackend
 from flowgrpo.env import ToolEnv
 from flowgrpo.gateway.client import post_reward
 from flowgrpo.gateway.recorder import EpisodeRecorder, RecorderLimits
+from flowgrpo.gateway.serve import make_server, serve_in_thread
 from flowgrpo.modeling.models import tiny_model, tiny_tokenizer
 from flowgrpo.rollout.backends.hf import HFBackend
 from flowgrpo.rollout.engine import RolloutConfig, RolloutEngine
 from flowgrpo.runs.rundir import RunDir
-from flowgrpo.serving.serve import make_server, serve_in_thread
 from flowgrpo.tool import to_openai_schema
 from flowgrpo.types import Task, Termination
 

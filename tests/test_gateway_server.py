@@ -8,9 +8,9 @@ import asyncio
 import httpx
 import pytest
 
+from flowgrpo.gateway.serve import make_server, serve_in_thread
 from flowgrpo.modeling.models import tiny_model
 from flowgrpo.rollout.backends.hf import HFBackend
-from flowgrpo.serving.serve import make_server, serve_in_thread
 
 
 @pytest.fixture(scope="module")

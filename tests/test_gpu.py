@@ -151,8 +151,8 @@ def test_eval_export_and_serve_on_cuda(tmp_path):
     import httpx
 
     from flowgrpo.cli import main
+    from flowgrpo.gateway.serve import make_server, serve_in_thread
     from flowgrpo.runs.export import export_checkpoint, load_served_policy
-    from flowgrpo.serving.serve import make_server, serve_in_thread
 
     tr = Trainer(_cfg(tmp_path, "run.save_every=1"))
     tr.train()

@@ -16,10 +16,10 @@ from flowgrpo.cli import main as cli_main
 from flowgrpo.env import ToolEnv
 from flowgrpo.gateway.client import post_reward
 from flowgrpo.gateway.recorder import EpisodeRecorder
+from flowgrpo.gateway.serve import make_server, serve_in_thread
 from flowgrpo.modeling.models import tiny_tokenizer
 from flowgrpo.rollout.engine import RolloutConfig, RolloutEngine
 from flowgrpo.runs.rundir import RunDir
-from flowgrpo.serving.serve import make_server, serve_in_thread
 from flowgrpo.tool import from_langchain
 from flowgrpo.types import Task
 

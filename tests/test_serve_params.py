@@ -6,9 +6,9 @@ import httpx
 import pytest
 
 from flowgrpo.gateway.openai_request import cut_at_stop, unsupported_params
+from flowgrpo.gateway.serve import make_server, serve_in_thread
 from flowgrpo.modeling.models import tiny_model
 from flowgrpo.rollout.backends.hf import HFBackend
-from flowgrpo.serving.serve import make_server, serve_in_thread
 
 CHAT = [{"role": "user", "content": "What is 12 + 7?"}]
 

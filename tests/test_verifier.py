@@ -9,12 +9,12 @@ import socket
 import pytest
 import torch
 
+from flowgrpo.gateway.serve import make_server, serve_in_thread
 from flowgrpo.modeling.models import tiny_model
 from flowgrpo.rewards import CompositeReward, Missing, RewardSpec, VerifierReward
 from flowgrpo.rewards.verifier import HFVerifier, OpenAIVerifier, render_ids, yes_no_probability
 from flowgrpo.rollout.backends.hf import HFBackend
 from flowgrpo.rollout.backends.openai import OpenAIBackend
-from flowgrpo.serving.serve import make_server, serve_in_thread
 from flowgrpo.types import Message, Task, Trajectory, TrajectoryGroup, Turn
 from flowgrpo.utils.aio import run_sync
 

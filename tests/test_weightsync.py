@@ -6,11 +6,11 @@ import httpx
 import pytest
 import torch
 
+from flowgrpo.gateway.serve import make_server, serve_in_thread
 from flowgrpo.modeling.models import tiny_model, tiny_tokenizer
 from flowgrpo.modeling.weightsync import WeightSyncError, load_weights, write_weights
 from flowgrpo.rollout.backends.hf import HFBackend
 from flowgrpo.rollout.backends.openai import OpenAIBackend, OpenAIBackendError
-from flowgrpo.serving.serve import make_server, serve_in_thread
 
 
 @pytest.fixture

@@ -1,14 +1,15 @@
 """The gateway: a policy behind an OpenAI-compatible HTTP API (Starlette under uvicorn) that
 agent programs the project does not own call, and that can record their episodes as trajectories.
 
+- :mod:`~flowgrpo.gateway.serve`: the ``flowgrpo serve`` command (load a model, serve it).
 - :mod:`~flowgrpo.gateway.app`: the server (completions, chat, weight loading; safety limits).
 - :mod:`~flowgrpo.gateway.openai_request`: each request parameter implemented or refused.
 - :mod:`~flowgrpo.gateway.toplogprobs`: the ``logprobs`` / ``top_logprobs`` fields.
+- :mod:`~flowgrpo.gateway.recorder`: agent episodes recorded as token-exact trajectories.
+- :mod:`~flowgrpo.gateway.agents`: agent programs run once per episode (``rollout.source: gateway``).
+- :mod:`~flowgrpo.gateway.client`, :mod:`~flowgrpo.gateway.run_callable`: what an agent program uses.
 
-Why a layer of its own, below ``training | serving``: the ``flowgrpo serve`` command (serving) and
-the trainer's gateway rollouts (training, ``rollout.source: gateway``) both run this server, and
-those two siblings may not import each other.
+The trainer (``rollout.source: gateway``) runs the same server: this layer sits below training.
 
-May import: :mod:`flowgrpo.runs` and every layer below it; never :mod:`flowgrpo.training` or
-:mod:`flowgrpo.serving`.
+May import: :mod:`flowgrpo.runs` and every layer below it; never :mod:`flowgrpo.training`.
 """

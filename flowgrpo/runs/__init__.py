@@ -10,5 +10,5 @@
 - :mod:`~flowgrpo.runs.export`: a checkpoint as a plain Hugging Face model directory.
 
 May import: :mod:`flowgrpo.components`, :mod:`flowgrpo.config` and every layer below them; never
-:mod:`flowgrpo.gateway`, :mod:`flowgrpo.training` or :mod:`flowgrpo.serving`.
+:mod:`flowgrpo.gateway` or :mod:`flowgrpo.training`.
 """

@@ -12,5 +12,5 @@
 - :mod:`~flowgrpo.training.pipeline`: the main job (evaluate, train, evaluate, report).
 - :mod:`~flowgrpo.training.debug`: rollout-only and overfit-one-batch modes.
 
-May import: :mod:`flowgrpo.runs` and every layer below it; never :mod:`flowgrpo.serving`.
+May import: :mod:`flowgrpo.gateway` and every layer below it.
 """
