@@ -208,3 +208,38 @@ def test_sweep_tabulates_arms_and_plots_one_panel_per_warm_start(tmp_path, capsy
     assert (tmp_path / "sweep.png").stat().st_size > 10_000
     with pytest.raises(SystemExit, match="does not exist"):
         main(["--root", str(tmp_path), "missing"])
+
+
+def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(tmp_path, capsys) -> None:
+    import json
+
+    from benchmarks.learning_matrix import main
+    from flowgrpo.runs.evaluation import EvalResult
+
+    def arm(name: str, warm: list[int], final: list[int], curve: list[int] | None = None) -> None:
+        out = tmp_path / "calculator_agent" / name
+        out.mkdir(parents=True)
+        evals = [("warm", 0, warm)] + ([("step2", 2, curve)] if curve else []) + [("step3", 3, final)]
+        with open(out / "eval.jsonl", "w") as f:
+            for label, step, solved in evals:
+                ev = EvalResult(
+                    label=label, step=step, n=len(solved), accuracy=sum(solved) / len(solved),
+                    ci95=(0.0, 1.0), per_task={f"t{i}": c for i, c in enumerate(solved)},
+                )  # fmt: skip
+                f.write(ev.model_dump_json() + "\n")
+        (out / "machine.json").write_text(json.dumps({"cores": 2, "cpu_flags": ["avx2", "avx512_bf16"]}))
+
+    # seed 0: 3 tasks fixed, 1 broken; seed 1: 2 fixed, 0 broken (its curve: a 2-task evaluation)
+    arm("fp32-seed0", [1, 0, 0, 0, 1, 1], [1, 1, 1, 1, 0, 1])
+    arm("fp32-seed1", [0, 0, 1, 1], [1, 1, 1, 1], curve=[1, 0])
+    rc = main(["--config", "examples/calculator_agent.yaml", "--seeds", "0", "1", "2", "--root", str(tmp_path)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    rows = {r.split(" | ")[0].lstrip("| "): r.split(" | ") for r in out.splitlines() if r.startswith("| ")}
+    s0, s1 = rows["fp32-seed0"], rows["fp32-seed1"]
+    assert s0[1:4] == ["2-core CPU (avx512_bf16)", "0.500", "0.833"]
+    assert s0[4].startswith("+33.3 [") and s0[5] == "0.62"  # McNemar 3 vs 1: p = 2 * 5/16
+    assert s1[4].startswith("+50.0 [") and s1[5] == "0.5" and s1[6] == "0.50 (n=2)"
+    pooled = rows["**pooled** (2 arms, n=10)"]
+    assert pooled[1:4] == ["2-core CPU (avx512_bf16)", "0.500", "0.900"] and pooled[5] == "0.22"  # 5 fixed vs 1 broken: p = 2 * 7/64 = 0.22
+    assert "not run yet: fp32-seed2 (add --run)" in out

@@ -1,0 +1,206 @@
+"""The learning matrix: does the RL phase improve held-out greedy accuracy over its own warm start,
+in every seed and on every numeric path, and does it hold when the run is longer?
+
+    python -m benchmarks.learning_matrix --config examples/calculator_agent.yaml --seeds 0 1 2 \\
+        --precision fp32 bf16 --run                      # run the missing arms, then print the table
+    python -m benchmarks.learning_matrix --config examples/calculator_agent.yaml --seeds 0 1 2 \\
+        --precision fp32 bf16                            # print the table of the arms already run
+    python -m benchmarks.learning_matrix ... --steps 15  # the 5x-longer arms of the same recipe
+
+An arm is the README's main job, unchanged but for its seed and precision: ``flowgrpo train CONFIG
+--set train.seed=S --set model.autocast=... --eval-n N`` in a process of its own, writing
+``ROOT/<config>/<precision>-seed<S>[-steps<K>]/``. ``train.seed`` reseeds the warm start too (its
+demonstration order and its sampling), so each arm is compared with its own warm start, on the same
+held-out tasks (greedy), by an exact McNemar test. The pooled row concatenates the paired outcomes
+of every arm of a config: under "RL changes nothing" each discordant pair is a fair coin in every
+arm, so the pooled McNemar test is valid across arms with different warm starts.
+
+Every arm records the machine it ran on (CPU model and flags, GPU, torch) in ``machine.json``; the
+table names it per row. Compare an arm only with its own warm start and with arms of the same machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from flowgrpo.algorithms.stats import PairedComparison, paired_difference
+from flowgrpo.runs.evaluation import EvalResult
+
+PRECISIONS: dict[str, list[str]] = {
+    "fp32": ["model.autocast=null"],
+    "bf16": ["model.autocast=bfloat16"],
+    "fp16": ["model.autocast=float16"],
+    "auto": ["model.autocast=auto"],
+}
+"""The numeric paths an arm can take: the overrides that select each (``auto``: the config's rule)."""
+
+CPU_FLAGS_SHOWN = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def machine() -> dict[str, Any]:
+    """What an arm ran on, for the table's machine column."""
+    import torch
+
+    info: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    flags = set(info.get("flags", "").split())
+    return {
+        "cpu": info.get("model name", platform.machine()),
+        "cpu_flags": [f for f in CPU_FLAGS_SHOWN if f in flags],
+        "cores": os.cpu_count(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "torch": torch.__version__,
+    }
+
+
+def machine_label(m: dict[str, Any]) -> str:
+    if m.get("gpu"):
+        return str(m["gpu"])
+    flags = m.get("cpu_flags", [])
+    native = "amx" if "amx_bf16" in flags else "avx512_bf16" if "avx512_bf16" in flags else "avx2"
+    return f"{m.get('cores')}-core CPU ({native})"
+
+
+def arm_name(precision: str, seed: int, steps: int | None) -> str:
+    return f"{precision}-seed{seed}" + (f"-steps{steps}" if steps else "")
+
+
+def run_arm(
+    config: str, out: Path, precision: str, seed: int, steps: int | None, eval_n: int, extra: list[str]
+) -> int:
+    """The main job for one arm, in its own process (a crash or a kill loses only this arm)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "machine.json").write_text(json.dumps(machine(), indent=1))
+    sets = [
+        *PRECISIONS[precision],
+        f"train.seed={seed}",
+        f"run.output_dir={out}",
+        "run.progress=false",
+        *extra,
+    ]
+    if steps:
+        sets.append(f"train.steps={steps}")
+    cmd = [sys.executable, "-m", "flowgrpo", "train", config, "--eval-n", str(eval_n), "--untrained-n", "0"]
+    cmd += ["--no-report"] + [a for s in sets for a in ("--set", s)]
+    print("$", " ".join(cmd), flush=True)
+    t0 = time.monotonic()
+    with open(out / "train.log", "w") as log:
+        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+    (out / "wall.json").write_text(json.dumps({"rc": rc, "wall_min": (time.monotonic() - t0) / 60}))
+    return rc
+
+
+class Arm:
+    """One finished arm, read back from its run directory."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        evals = [
+            EvalResult.model_validate_json(line) for line in (out / "eval.jsonl").read_text().splitlines()
+        ]
+        warm = [e for e in evals if e.label == "warm"]
+        final = [e for e in evals if e.label.startswith("step") and e.n == warm[-1].n] if warm else []
+        if not warm or not final:
+            raise ValueError(f"{out}: no warm-start and final evaluation of the same n in eval.jsonl")
+        self.warm, self.final = warm[-1], final[-1]
+        shared = [t for t in self.warm.per_task if t in self.final.per_task]
+        self.a, self.b = self.warm.outcomes(shared), self.final.outcomes(shared)
+        self.cmp: PairedComparison = paired_difference(self.a, self.b)
+        curve = [e for e in evals if e.label.startswith("step") and e is not self.final]
+        self.curve = [(e.label, e.accuracy, e.n) for e in curve]
+        mfile = out / "machine.json"
+        self.machine = json.loads(mfile.read_text()) if mfile.is_file() else {}
+        wall = out / "wall.json"
+        self.wall_min = json.loads(wall.read_text())["wall_min"] if wall.is_file() else None
+
+
+def table(rows: list[tuple[str, Arm]], pooled: PairedComparison | None) -> str:
+    head = (
+        "| arm | machine | warm start | after RL | difference [95% CI] | p | curve during RL | wall |\n"
+        "|---|---|---|---|---|---|---|---|\n"
+    )
+    lines = []
+    for name, arm in rows:
+        c = arm.cmp
+        lo, hi = c.ci95
+        curve = " ".join(f"{acc:.2f}" for _, acc, _ in arm.curve) or "-"
+        n_curve = arm.curve[0][2] if arm.curve else None
+        lines.append(
+            f"| {name} | {machine_label(arm.machine)} | {c.accuracy_a:.3f} | {c.accuracy_b:.3f} | "
+            f"{100 * c.difference:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] | {c.p_value:.2g} | "
+            f"{curve}{f' (n={n_curve})' if n_curve else ''} | "
+            f"{f'{arm.wall_min:.0f} min' if arm.wall_min else '-'} |"
+        )
+    if pooled is not None:
+        lo, hi = pooled.ci95
+        machines = {machine_label(arm.machine) for _, arm in rows}
+        where = machines.pop() if len(machines) == 1 else "several"
+        lines.append(
+            f"| **pooled** ({len(rows)} arms, n={pooled.n}) | {where} | {pooled.accuracy_a:.3f} | {pooled.accuracy_b:.3f} | "
+            f"{100 * pooled.difference:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] | {pooled.p_value:.2g} | | |"
+        )
+    return head + "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default="examples/calculator_agent.yaml")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--precision", nargs="+", default=["fp32"], choices=sorted(PRECISIONS))
+    ap.add_argument(
+        "--steps", type=int, default=None, help="train.steps of every arm (default: the config's)"
+    )
+    ap.add_argument(
+        "--eval-n", type=int, default=500, help="held-out tasks of the warm and final evaluations"
+    )
+    ap.add_argument("--root", default="runs/matrix")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--run", action="store_true", help="run the arms that have no final evaluation yet")
+    args = ap.parse_args(argv)
+
+    base = Path(args.root) / Path(args.config).stem
+    rows: list[tuple[str, Arm]] = []
+    missing: list[str] = []
+    for precision in args.precision:
+        for seed in args.seeds:
+            name = arm_name(precision, seed, args.steps)
+            out = base / name
+            try:
+                rows.append((name, Arm(out)))
+                continue
+            except (OSError, ValueError):
+                pass
+            if not args.run:
+                missing.append(name)
+                continue
+            rc = run_arm(args.config, out, precision, seed, args.steps, args.eval_n, args.overrides)
+            try:
+                rows.append((name, Arm(out)))
+            except (OSError, ValueError) as e:
+                print(f"{name}: exit {rc}, no result ({e}); see {out / 'train.log'}", file=sys.stderr)
+                missing.append(name)
+    pooled = None
+    if len(rows) > 1:
+        pooled = paired_difference([x for _, r in rows for x in r.a], [x for _, r in rows for x in r.b])
+    print(f"{args.config}: warm start vs after RL, greedy, paired on the same held-out tasks\n")
+    print(table(rows, pooled))
+    if missing:
+        print(f"\nnot run yet: {', '.join(missing)} (add --run)")
+    return 0 if rows else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
