@@ -35,12 +35,14 @@ from flowgrpo.algorithms.stats import PairedComparison, paired_difference
 from flowgrpo.runs.evaluation import EvalResult
 
 PRECISIONS: dict[str, list[str]] = {
-    "fp32": ["model.autocast=null"],
-    "bf16": ["model.autocast=bfloat16"],
-    "fp16": ["model.autocast=float16"],
-    "auto": ["model.autocast=auto"],
+    "fp32": ["model.autocast=null", "model.rollout_dtype=float32"],
+    "bf16": ["model.autocast=bfloat16", "model.rollout_dtype=bfloat16"],
+    "fp16": ["model.autocast=float16", "model.rollout_dtype=float16"],
+    "auto": ["model.autocast=auto", "model.rollout_dtype=auto"],
 }
-"""The numeric paths an arm can take: the overrides that select each (``auto``: the config's rule)."""
+"""The numeric paths an arm can take: the overrides that select sampling and update precision
+(``algorithm.tis: auto`` then corrects the sampler/trainer gap wherever they differ; ``auto``: the
+config's rules for this machine)."""
 
 CPU_FLAGS_SHOWN = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 

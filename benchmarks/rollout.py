@@ -27,6 +27,13 @@ on 2 cores; ``--model tiny`` is the smoke test's random model). Figures are prin
 
    Samples differ between sides (different random streams), so episodes differ in length: compare
    turns/s and tokens/s, printed with the work each side did.
+3. ``--precision``: the numeric modes side by side in one process, on the same prompts: where the
+   sampler computes (the fp32 weights, the fp32 weights under bf16 autocast, a bf16 inference copy)
+   and where the update computes (fp32 or bf16 autocast over fp32 master weights). Per mode: ms per
+   decode step (every row decoding exactly ``--new`` tokens), single-turn tok/s, seconds per update
+   (forward + backward + AdamW over ``--update-rows`` x ``--update-len`` tokens, plus refreshing the
+   copy), and the sampler/trainer ratio ``exp(trainer - sampler logprob)`` of the sampled tokens
+   before any update (1 when they agree; what ``sampler_ratio_*`` reports in training).
 """
 
 from __future__ import annotations
@@ -38,10 +45,11 @@ import time
 
 import torch
 
+from flowgrpo.algorithms.loss import sampler_ratio_stats
 from flowgrpo.chat.format import ChatFormat
 from flowgrpo.env import BaseEnvironment, StepResult
 from flowgrpo.modeling.hardware import resolve_autocast
-from flowgrpo.modeling.logprobs import autocast_context
+from flowgrpo.modeling.logprobs import action_logprobs, autocast_context
 from flowgrpo.modeling.models import load_model, tiny_model
 from flowgrpo.rollout.backends.base import SamplingParams
 from flowgrpo.rollout.backends.hf import HFBackend
@@ -306,6 +314,127 @@ def bench_multi(model, tok, n, group, new, turns, sleep_s, bs, agent):
         )
 
 
+# (name, sampler: HFBackend keyword arguments, update autocast)
+PRECISIONS = {
+    "fp32": ({}, None),
+    "bf16-autocast": ({"autocast_dtype": "bfloat16"}, "bfloat16"),
+    "bf16-copy/fp32-update": ({"inference_dtype": "bfloat16"}, None),
+    "bf16-copy/autocast-update": ({"inference_dtype": "bfloat16"}, "bfloat16"),
+    "fp16-copy/fp32-update": ({"inference_dtype": "float16"}, None),
+}
+
+
+def _update_seconds(model, autocast, rows, length, reps, copy_backend):
+    """Seconds of one update (forward + backward + AdamW over rows x length tokens, the second half
+    of each row trained on), plus the inference copy's refresh when there is one; median of reps.
+    The model's weights are restored afterwards."""
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-7)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, model.config.vocab_size, (rows, length), generator=g)
+    attn = torch.ones(rows, length, dtype=torch.long)
+    mask = torch.zeros(rows, length)
+    mask[:, length // 2 :] = 1
+    model.train()
+    times = []
+    for _ in range(reps + 1):  # the first is a warm-up
+        t0 = time.perf_counter()
+        lp, _ = action_logprobs(model, ids, attn, mask, autocast_dtype=autocast, share_prefix=False)
+        (-(lp * mask).sum() / mask.sum()).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if copy_backend is not None:
+            copy_backend.sync_weights(model)
+            copy_backend._check_weights()  # the refresh a real step pays before its next rollout
+        times.append(time.perf_counter() - t0)
+    model.eval()
+    model.load_state_dict(saved)
+    return statistics.median(times[1:])
+
+
+def bench_precision(model, tok, n, new, reps, modes, update_rows, update_len):
+    """The numeric modes side by side (docstring, item 3)."""
+    chat = ChatFormat(tok)
+    prompts = [
+        chat.initial_ids(
+            chat.prompt_messages([Message(role="user", content=t.prompt)], SleepEnv().system_prompt)
+        )
+        for t in _tasks(n)
+    ]
+    fixed = SamplingParams(temperature=1.0, max_new_tokens=new, stop_token_ids=[-1], seed=0)
+    free = SamplingParams(temperature=1.0, max_new_tokens=new, seed=0)
+    backends = {m: HFBackend(model, tok, max_batch_size=n, **PRECISIONS[m][0]) for m in modes}
+    ms: dict[str, list[float]] = {m: [] for m in modes}
+    tps: dict[str, list[float]] = {m: [] for m in modes}
+    sampled: dict[str, list] = {}
+    for be in backends.values():  # warm-up: first-call allocations, building the decode view / copy
+        be.generate_sync(prompts[:2], fixed.model_copy(update={"max_new_tokens": 2}))
+    for _ in range(reps):  # modes interleaved, so machine noise hits them alike
+        for m, be in backends.items():
+            be.clear_prefix_cache()
+            t0 = time.perf_counter()
+            be.generate_sync(prompts, fixed)
+            ms[m].append((time.perf_counter() - t0) / new * 1000)
+            be.clear_prefix_cache()
+            t0 = time.perf_counter()
+            res = be.generate_sync(prompts, free)
+            tps[m].append(sum(len(r.token_ids) for r in res) / (time.perf_counter() - t0))
+            sampled[m] = res
+    upd: dict[str | None, float] = {}
+    ratio: dict[str, dict[str, float]] = {}
+    for m in modes:
+        kw, autocast = PRECISIONS[m]
+        key = f"{autocast}/{'copy' if 'inference_dtype' in kw else 'shared'}"
+        if key not in upd:
+            upd[key] = _update_seconds(
+                model,
+                autocast,
+                update_rows,
+                update_len,
+                reps,
+                backends[m] if "inference_dtype" in kw else None,
+            )
+        # the trainer's logprobs of what this mode's sampler drew (the weights are the sampler's)
+        rows = [list(p) + list(r.token_ids) for p, r in zip(prompts, sampled[m], strict=True)]
+        width = max(map(len, rows))
+        ids = torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows])
+        attn = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+        mask = torch.zeros(len(rows), width)
+        sampler = torch.zeros(len(rows), width)
+        for b, (p, r) in enumerate(zip(prompts, sampled[m], strict=True)):
+            mask[b, len(p) : len(p) + len(r.token_ids)] = 1
+            sampler[b, len(p) : len(p) + len(r.token_ids)] = torch.tensor(r.logprobs)
+        with torch.no_grad():
+            lp, _ = action_logprobs(model, ids, attn, mask, autocast_dtype=autocast)
+        ratio[m] = sampler_ratio_stats(lp, sampler, mask)
+        ratio[m]["update_s"] = upd[key]
+    flags = sorted(f for f in ("avx512_bf16", "amx_bf16", "avx512_fp16") if f in _cpu_flags())
+    print(
+        f"== precision: {n} rows, {new} tokens, T=1.0, median of {reps}; torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads, CPU flags {flags or 'no native bf16'} =="
+    )
+    print(
+        f"{'mode':>26} {'ms/decode step':>15} {'tok/s':>7} {'s/update':>9} "
+        f"{'ratio mean':>11} {'ratio min':>10} {'ratio max':>10}"
+    )
+    for m in modes:
+        r = ratio[m]
+        print(
+            f"{m:>26} {statistics.median(ms[m]):>15.1f} {statistics.median(tps[m]):>7.1f} {r['update_s']:>9.2f} "
+            f"{r['mean']:>11.4f} {r['min']:>10.4f} {r['max']:>10.4f}"
+        )
+    print(
+        f"(update: {update_rows} x {update_len} tokens, half trained; ratio: exp(trainer - sampler logprob) over "
+        f"{int(ratio[modes[0]]['tokens'])}+ sampled tokens, before any update)"
+    )
+
+
+def _cpu_flags() -> frozenset[str]:
+    from flowgrpo.modeling.hardware import cpu_flags
+
+    return cpu_flags()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=16)
@@ -323,12 +452,25 @@ def main() -> None:
     ap.add_argument(
         "--model", default="smollm2-135m", help="a load_model name/path, or 'tiny' (random, smoke test)"
     )
+    ap.add_argument(
+        "--precision",
+        nargs="*",
+        choices=list(PRECISIONS),
+        default=None,
+        help="only the precision comparison (item 3), of these modes (none named: all)",
+    )
+    ap.add_argument("--update-rows", type=int, default=8)
+    ap.add_argument("--update-len", type=int, default=256)
     ap.add_argument("--skip-single", action="store_true")
     ap.add_argument("--skip-multi", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     model, tok = tiny_model() if a.model == "tiny" else load_model(a.model)
     model.eval()
+    if a.precision is not None:
+        modes = a.precision or list(PRECISIONS)
+        bench_precision(model, tok, a.n, a.new, a.reps, modes, a.update_rows, a.update_len)
+        return
     if not a.skip_single:
         bench_single(model, tok, a.n, a.new, a.reps)
     if not a.skip_multi:

@@ -17,13 +17,18 @@ import functools
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from flowgrpo.algorithms.advantages import Estimator, get_estimator
 from flowgrpo.chat.parsing import ActionParser
 from flowgrpo.config import EnvConfig, TrainConfig
 from flowgrpo.env import Environment, Split
-from flowgrpo.modeling.hardware import resolve_autocast, resolve_device
+from flowgrpo.modeling.hardware import (
+    resolve_autocast,
+    resolve_device,
+    resolve_rollout_dtype,
+    sampler_matches_trainer,
+)
 from flowgrpo.modeling.lora import apply_lora, is_lora
 from flowgrpo.rollout.backends.base import RolloutBackend
 from flowgrpo.rollout.engine import EpisodeAgent
@@ -52,6 +57,12 @@ class Components:
     reward: GroupScorer
     estimator: Callable[[Sequence[TrajectoryGroup]], None]
     autocast: str | None
+    """The training passes' autocast dtype (``model.autocast`` resolved for this machine)."""
+    rollout_dtype: str | None
+    """The dtype of the inference copy the ``hf`` backend samples from (``model.rollout_dtype``
+    resolved); None: it samples the trained weights (under ``autocast``)."""
+    tis: Literal["off", "token", "sequence_mask"]
+    """``algorithm.tis`` resolved: ``auto`` is ``token`` unless sampler and trainer agree."""
     probe_env: Environment
     """One instance of the environment, for its tasks and its parser (never stepped)."""
     agent: EpisodeAgent | None = None
@@ -118,8 +129,9 @@ def build(
     if reward is None:
         reward = _composite_reward(cfg, str(device))
     autocast = resolve_autocast(cfg.model.autocast, device.type)
+    rollout_dtype = resolve_rollout_dtype(cfg.model.rollout_dtype, device.type, cfg.model.dtype)
     if backend is None:
-        backend = make_backend(cfg, model, tokenizer, autocast)
+        backend = make_backend(cfg, model, tokenizer, autocast, rollout_dtype)
     agent = None
     if cfg.agent.kind == "flow":
         from flowgrpo.rollout.agentflow import build_flow_agent
@@ -136,6 +148,8 @@ def build(
         reward=reward,
         estimator=estimator_of(cfg),
         autocast=autocast,
+        rollout_dtype=rollout_dtype,
+        tis=resolve_tis(cfg, rollout_dtype, autocast),
         probe_env=env_factory(),
         agent=agent,
     )
@@ -229,12 +243,36 @@ def estimator_of(cfg: TrainConfig) -> Callable[[Sequence[TrajectoryGroup]], None
     return functools.partial(fn, **kw)
 
 
-def make_backend(cfg: TrainConfig, model: Any, tokenizer: Any, autocast: str | None) -> RolloutBackend:
-    """The rollout backend ``rollout.backend`` names, around the policy ``model``."""
+def resolve_tis(
+    cfg: TrainConfig, rollout_dtype: str | None, autocast: str | None
+) -> Literal["off", "token", "sequence_mask"]:
+    """``algorithm.tis`` for this run: ``auto`` is ``token`` (truncated importance sampling, Yao et
+    al. 2025, "Your efficient RL framework secretly brings you off-policy RL training") whenever the
+    sampler's logprobs can differ from the trainer's: a bf16/fp16 sampler or trainer (ratios of
+    0.85-1.20 on an on-policy update were measured under bf16, issue 27), another engine than the
+    ``hf`` backend over the trained model, or samples of older policies (``async_staleness``)."""
+    tis = cfg.algorithm.tis
+    if tis != "auto":
+        return tis
+    exact = (
+        cfg.rollout.backend == "hf"
+        and sampler_matches_trainer(rollout_dtype, autocast)
+        and not cfg.train.async_staleness
+    )
+    return "off" if exact else "token"
+
+
+def make_backend(
+    cfg: TrainConfig, model: Any, tokenizer: Any, autocast: str | None, rollout_dtype: str | None
+) -> RolloutBackend:
+    """The rollout backend ``rollout.backend`` names, around the policy ``model``; the ``hf`` backend
+    samples from an inference copy in ``rollout_dtype``, or from ``model`` under ``autocast``."""
     r = cfg.rollout
     if r.backend == "hf":
         from flowgrpo.rollout.backends.hf import HFBackend
 
+        if rollout_dtype is not None:
+            return HFBackend(model, tokenizer, inference_dtype=rollout_dtype)
         return HFBackend(model, tokenizer, autocast_dtype=autocast)
     if r.backend == "openai":
         from flowgrpo.rollout.backends.openai import OpenAIBackend
@@ -278,4 +316,5 @@ __all__ = [
     "estimator_of",
     "load_policy",
     "make_backend",
+    "resolve_tis",
 ]

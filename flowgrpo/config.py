@@ -40,8 +40,18 @@ class ModelConfig(_Section):
     )
     autocast: Literal["auto", "bfloat16", "float16"] | None = Field(
         "auto",
-        description="autocast dtype for forward passes (rollout and training); null = off; auto = bfloat16 "
-        "on CUDA or a CPU with native bf16 (AVX512-BF16/AMX), else off (emulated bf16 is slower than fp32)",
+        description="autocast dtype of the training passes (update, warm start, reference/old logprobs) "
+        "and of sampling when rollout_dtype is float32; null = off (fp32); auto = bfloat16 on a CPU with "
+        "native bf16 (AVX512-BF16/AMX; measured 2.5x faster updates), else off (CUDA: not measured; "
+        "AVX2: bf16 is emulated); flowgrpo/modeling/hardware.py",
+    )
+    rollout_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="the weights the rollout (hf backend) samples from: float32 = the trained weights "
+        "themselves (under autocast when set); bfloat16/float16 = an inference copy cast from the fp32 "
+        "master weights after each optimizer step (verl/vLLM style; no per-op casts); auto = bfloat16 "
+        "where bf16 is native (CPU AVX512-BF16/AMX: measured 1.75x faster decoding; CUDA: not "
+        "measured), else float32. Anything below fp32 on either side turns on algorithm.tis=auto",
     )
     device: str = Field(
         "auto",
@@ -147,12 +157,16 @@ class AlgorithmConfig(_Section):
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "turn_mean"] = "token_mean"
     norm_len: int | None = Field(None, ge=1, description="seq_mean_token_sum_norm's constant length")
-    tis: Literal["off", "token", "sequence_mask"] = Field(
-        "off",
-        description="truncated importance sampling between the sampler's and the trainer's logprobs "
-        "(recomputes old logprobs with one extra forward pass)",
+    tis: Literal["auto", "off", "token", "sequence_mask"] = Field(
+        "auto",
+        description="truncated importance sampling (Yao et al. 2025) between the sampler's and the "
+        "trainer's logprobs: token = min(ratio, tis_cap) per token; sequence_mask = drop trajectories "
+        "whose mean log-ratio is beyond log(tis_cap); auto = token unless sampler and trainer both run "
+        "in fp32 on the hf backend with no async_staleness (they then agree to ~1e-5). The old logprobs "
+        "are the trainer's (recomputed with one extra forward pass when a batch gets several optimizer "
+        "steps)",
     )
-    tis_cap: float = Field(2.0, gt=1.0)
+    tis_cap: float = Field(2.0, gt=1.0, description="truncation of the sampler/trainer ratio (TIS's C)")
     loss: Literal["ppo_clip", "gspo", "cispo"] = Field(
         "ppo_clip",
         description="policy-gradient term: ppo_clip (token-level clipped surrogate), gspo (one "
@@ -224,6 +238,13 @@ class AlgorithmConfig(_Section):
                 "keep algorithm.turn_discount only"
             )
         return self
+
+    @field_validator("tis", mode="before")
+    @classmethod
+    def _tis_off_is_not_false(cls, v: Any) -> Any:
+        return (
+            "off" if v is False else v
+        )  # YAML 1.1 reads a bare `off` (tis: off, --set algorithm.tis=off) as false
 
     @field_validator("estimator")
     @classmethod
@@ -377,7 +398,7 @@ class TrainConfig(_Section):
                 f"train.minibatches_per_batch={self.train.minibatches_per_batch} exceeds the trajectories per "
                 f"step ({self.train.tasks_per_step} x {self.train.group_size}); lower it"
             )
-        if self.train.async_staleness and self.algorithm.tis == "off":
+        if self.train.async_staleness and self.algorithm.tis == "off":  # auto turns it on
             raise ValueError(
                 f"train.async_staleness={self.train.async_staleness} trains on samples of older policies: "
                 "set algorithm.tis=token (or sequence_mask) so the loss corrects for it"

@@ -29,7 +29,8 @@ def one_thread():
 
 def test_async_needs_the_importance_sampling_correction():
     with pytest.raises(ConfigError, match=r"algorithm\.tis=token"):
-        load_config(None, ["train.async_staleness=1"])
+        load_config(None, ["train.async_staleness=1", "algorithm.tis=off"])
+    assert load_config(None, ["train.async_staleness=1"]).algorithm.tis == "auto"  # resolves to token
     assert load_config(None, ["train.async_staleness=2", "algorithm.tis=token"]).train.async_staleness == 2
     assert load_config(None, []).train.async_staleness == 0
 

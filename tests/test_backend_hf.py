@@ -315,13 +315,67 @@ def test_inverse_cdf_sampling_follows_the_distribution():
 
     probs = torch.tensor([[0.5, 0.0, 0.3, 0.2], [0.0, 0.0, 0.0, 1.0]])
     logp = probs.log().expand(4000, 2, 4).reshape(8000, 4)  # rows alternate the two distributions
-    tok = _sample(logp, [None] * 8000)
+    seeds, counters = torch.arange(8000), torch.zeros(8000, dtype=torch.long)
+    tok = _sample(logp, seeds, counters)
     first, second = tok[0::2], tok[1::2]
     assert (second == 3).all() and not (first == 1).any()  # zero-probability tokens never drawn
     freq = torch.bincount(first, minlength=4).float() / 4000
     assert torch.allclose(freq, probs[0], atol=0.03), freq
-    gens = [torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)]
-    assert (
-        _sample(logp[:2], gens).tolist()
-        == _sample(logp[:2], [torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)]).tolist()
-    )
+    # one row's draw depends on its own seed and counter only, not on the rows beside it
+    alone = _sample(logp[:1], seeds[5:6], torch.tensor([7]))
+    assert alone.tolist() == _sample(logp[:2], seeds[5:7], torch.tensor([7, 0]))[:1].tolist()
+
+
+def test_uniforms_are_splitmix64():
+    """The reference SplitMix64 (Steele et al. 2014; Java's SplittableRandom) in Python integers:
+    the n-th output of seed s mixes s + (n + 1) * gamma; the uniform is its top 53 bits."""
+    from flowgrpo.rollout.backends.hf import uniforms
+
+    def splitmix(seed: int, n: int) -> float:
+        m = 2**64
+        z = (seed + (n + 1) * 0x9E3779B97F4A7C15) % m
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % m
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % m
+        return ((z ^ (z >> 31)) >> 11) / 2**53
+
+    seeds = [0, 1, 12345, 2**63 - 1, 987654321987]
+    counters = [0, 5, 100, 7, 2**40]
+    got = uniforms(torch.tensor(seeds), torch.tensor(counters)).tolist()
+    assert got == [splitmix(s, n) for s, n in zip(seeds, counters, strict=True)]
+    u = uniforms(torch.arange(20000), torch.zeros(20000, dtype=torch.long))
+    assert float(u.min()) >= 0.0 and float(u.max()) < 1.0
+    assert abs(float(u.mean()) - 0.5) < 0.01 and abs(float(u.var()) - 1 / 12) < 0.005
+
+
+def test_a_decode_step_syncs_with_the_host_once(model_tok, monkeypatch):
+    """No per-row or per-token host round trips: a decode step brings one tensor to the host; only
+    a prefill (an admission) may add the sync transformers makes to build a 2D attention mask."""
+    import threading
+
+    model, tok = model_tok
+    be = HFBackend(model, tok, max_batch_size=8)
+    syncs = [0]
+    for name in (
+        "tolist",
+        "item",
+        "__bool__",
+        "__int__",
+        "__float__",
+        "__index__",
+        "cpu",
+        "nonzero",
+        "numpy",
+    ):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _f=original, **k):
+            if threading.current_thread().name == "flowgrpo-hf-decode":
+                syncs[0] += 1
+            return _f(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    res = _gen(be, [*PROMPTS, [1, 2]], temperature=1.0, max_new_tokens=20, seed=0, stop_token_ids=[-5])
+    monkeypatch.undo()
+    steps, admissions = be.stats["decode_steps"], be.stats["admissions"]
+    assert steps == 20 and all(len(r.token_ids) == 20 for r in res)
+    assert syncs[0] <= steps + 2 * admissions, (syncs[0], steps, admissions)

@@ -126,6 +126,23 @@ def test_rollout_benchmark_runs_every_side_on_a_tiny_model(capsys) -> None:
         assert 2 <= turns <= 4 * 2  # every episode took at least its first turn, at most 2
 
 
+def test_rollout_benchmark_prints_every_precision_mode_side_by_side(capsys) -> None:
+    import torch
+
+    from benchmarks import rollout
+    from flowgrpo.modeling.models import tiny_model
+
+    model, tok = tiny_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    modes = list(rollout.PRECISIONS)
+    rollout.bench_precision(model, tok, n=2, new=3, reps=1, modes=modes, update_rows=2, update_len=16)
+    out = capsys.readouterr().out
+    for m in modes:
+        line = next(ln for ln in out.splitlines() if ln.strip().startswith(m + " "))
+        assert len(line.split()) == 7, line
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # weights restored
+
+
 def test_by_task_splits_recorded_evaluations_by_a_task_field(tmp_path, capsys) -> None:
     from benchmarks.by_task import main
     from flowgrpo.components import env_factory_of
@@ -232,7 +249,9 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(tmp_pa
     # seed 0: 3 tasks fixed, 1 broken; seed 1: 2 fixed, 0 broken (its curve: a 2-task evaluation)
     arm("fp32-seed0", [1, 0, 0, 0, 1, 1], [1, 1, 1, 1, 0, 1])
     arm("fp32-seed1", [0, 0, 1, 1], [1, 1, 1, 1], curve=[1, 0])
-    rc = main(["--config", "examples/calculator_agent.yaml", "--seeds", "0", "1", "2", "--root", str(tmp_path)])
+    rc = main(
+        ["--config", "examples/calculator_agent.yaml", "--seeds", "0", "1", "2", "--root", str(tmp_path)]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     rows = {r.split(" | ")[0].lstrip("| "): r.split(" | ") for r in out.splitlines() if r.startswith("| ")}
@@ -241,5 +260,7 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(tmp_pa
     assert s0[4].startswith("+33.3 [") and s0[5] == "0.62"  # McNemar 3 vs 1: p = 2 * 5/16
     assert s1[4].startswith("+50.0 [") and s1[5] == "0.5" and s1[6] == "0.50 (n=2)"
     pooled = rows["**pooled** (2 arms, n=10)"]
-    assert pooled[1:4] == ["2-core CPU (avx512_bf16)", "0.500", "0.900"] and pooled[5] == "0.22"  # 5 fixed vs 1 broken: p = 2 * 7/64 = 0.22
+    assert (
+        pooled[1:4] == ["2-core CPU (avx512_bf16)", "0.500", "0.900"] and pooled[5] == "0.22"
+    )  # 5 fixed vs 1 broken: p = 2 * 7/64 = 0.22
     assert "not run yet: fp32-seed2 (add --run)" in out

@@ -129,7 +129,7 @@ BAD_INVOCATIONS = [
     (["replay", "{run}", "--env-kwargs", "{{bad"], "is not JSON"),
     (["replay", "{run}", "--limit", "x"], "argument --limit: 'x' is not an integer"),
     (
-        ["train", "{cfg}", "--set", "train.async_staleness=1"],
+        ["train", "{cfg}", "--set", "train.async_staleness=1", "--set", "algorithm.tis=off"],
         "train.async_staleness=1 trains on samples of older",
     ),
     (

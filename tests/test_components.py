@@ -166,3 +166,46 @@ def test_served_policy_receives_the_trainers_weights_and_reports_its_version(tmp
     for step in (1, 2, 3):  # the trajectories of step t were sampled by version t - 1
         assert {t.policy_version for t in RunDir(cfg.run.output_dir).trajectories(step)} == {step - 1}
     assert [p.name for p in (tmp_path / "sync").iterdir()] == ["policy_v000003.safetensors"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "rollout_dtype", "autocast", "expected"),
+    [
+        ([], None, None, "off"),  # fp32 sampler over the trained weights, fp32 trainer: they agree
+        ([], "bfloat16", None, "token"),  # a bf16 inference copy
+        ([], None, "bfloat16", "token"),  # autocast on either side
+        (["train.async_staleness=1"], None, None, "token"),  # older policies
+        (["rollout.backend=openai", "rollout.server.base_url=http://x"], None, None, "token"),
+        (["algorithm.tis=off"], "bfloat16", None, "off"),  # an explicit setting is kept
+        (["algorithm.tis=sequence_mask"], None, None, "sequence_mask"),
+    ],
+)
+def test_tis_auto_corrects_whenever_sampler_and_trainer_can_disagree(
+    overrides, rollout_dtype, autocast, expected
+):
+    from flowgrpo.components import resolve_tis
+
+    assert resolve_tis(load_config(None, overrides), rollout_dtype, autocast) == expected
+
+
+def test_the_backend_samples_a_bf16_copy_when_rollout_dtype_says_so(tmp_path):
+    model, tok = tiny_model(tiny_tokenizer(), seed=0)
+    parts = build(
+        load_config(
+            None, [f"run.output_dir={tmp_path}", "model.rollout_dtype=bfloat16", "model.autocast=null"]
+        ),
+        model=model,
+        tokenizer=tok,
+        env_factory=FirstTokenEnv,
+    )
+    assert parts.rollout_dtype == "bfloat16" and parts.tis == "token"
+    assert isinstance(parts.backend, HFBackend) and parts.backend.inference_dtype == torch.bfloat16
+    parts = build(
+        load_config(
+            None, [f"run.output_dir={tmp_path}", "model.rollout_dtype=float32", "model.autocast=null"]
+        ),
+        model=model,
+        tokenizer=tok,
+        env_factory=FirstTokenEnv,
+    )
+    assert parts.rollout_dtype is None and parts.tis == "off" and parts.backend.inference_dtype is None

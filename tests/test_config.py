@@ -155,7 +155,7 @@ def test_metrics_jsonl(tmp_path):
 # offending keys, their values and the fix; a section or the whole config is never echoed back.
 CONFIG_ERRORS = [
     (
-        ["train.async_staleness=1"],
+        ["train.async_staleness=1", "algorithm.tis=off"],
         "train.async_staleness=1 trains on samples of older policies: set algorithm.tis=token",
     ),
     (

@@ -1,10 +1,12 @@
 """The decode fast paths (flowgrpo.rollout.backends.decoding): a growing KV cache that must hold exactly what
 ``DynamicLayer``'s concatenation holds, and a skinny-matmul view of the model that must compute what
-the model computes, over the very same tensors."""
+the model computes, over the very same tensors; and a bf16 inference copy that follows the fp32
+weights when refreshed."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
 
 import pytest
 import torch
@@ -13,7 +15,13 @@ from transformers.cache_utils import DynamicLayer
 
 from flowgrpo.modeling.models import tiny_model
 from flowgrpo.rollout.backends.base import SamplingParams
-from flowgrpo.rollout.backends.decoding import GrowingCache, GrowingLayer, SkinnyLinear, decode_view
+from flowgrpo.rollout.backends.decoding import (
+    GrowingCache,
+    GrowingLayer,
+    SkinnyLinear,
+    decode_view,
+    refresh_view,
+)
 from flowgrpo.rollout.backends.hf import HFBackend
 
 
@@ -109,3 +117,39 @@ def test_backend_follows_in_place_updates_and_replaced_parameters(replace):
     with torch.no_grad():
         ref = model.generate(torch.tensor([[1, 5, 6]]), max_new_tokens=4, do_sample=False)[0, 3:]
     assert res.token_ids == ref.tolist()
+
+
+def test_an_inference_copy_is_cast_once_keeps_ties_and_follows_refresh():
+    model, _ = tiny_model(hidden_size=64, seed=4)  # tied embeddings
+    view = decode_view(model, torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in view.parameters())
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # the master weights are untouched
+    assert view.lm_head.weight is view.model.embed_tokens.weight  # tied in the copy as in the model
+    assert {id(b) for b in view.buffers()} == {id(b) for b in model.buffers()}  # rotary etc. shared
+    ids = torch.tensor([[1, 5, 6, 7]])
+    with torch.no_grad():
+        model.eval()
+        assert torch.allclose(view(ids).logits.float(), model(ids).logits, atol=0.1)
+        model.lm_head.weight.mul_(2.0)  # an optimizer step: the copy does not see it ...
+        assert not torch.allclose(view(ids).logits.float(), model(ids).logits, atol=0.1)
+        refresh_view(view, model)  # ... until refreshed
+        assert torch.equal(view.lm_head.weight, model.lm_head.weight.to(torch.bfloat16))
+        assert torch.allclose(view(ids).logits.float(), model(ids).logits, atol=0.2)
+
+
+def test_backend_samples_from_a_bf16_copy_refreshed_after_updates():
+    model, tok = tiny_model(hidden_size=64, seed=5)
+    be = HFBackend(model, tok, prefix_cache_mb=0, inference_dtype="bfloat16")
+    params = SamplingParams(temperature=0.0, max_new_tokens=4, stop_token_ids=[-1])
+    asyncio.run(be.generate([[1, 5, 6]], params))
+    g = torch.Generator().manual_seed(9)
+    with torch.no_grad():
+        model.lm_head.weight.copy_(torch.randn(model.lm_head.weight.shape, generator=g))
+    res = asyncio.run(be.generate([[1, 5, 6]], params))[0]
+    bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    with torch.no_grad():
+        ref = bf16.generate(torch.tensor([[1, 5, 6]]), max_new_tokens=4, do_sample=False)[0, 3:]
+    assert res.token_ids == ref.tolist()
+    assert next(model.parameters()).dtype == torch.float32
+    with pytest.raises(ValueError, match="not both"):
+        HFBackend(model, tok, inference_dtype="bfloat16", autocast_dtype="bfloat16")

@@ -121,6 +121,9 @@ def _trainer(out_dir: str, *overrides: str) -> Trainer:
             "run.progress=false",
             "run.save_every=0",
             "model.autocast=null",
+            # fp32 sampling: a bf16 copy's logprobs move with the batch's shape (each rank decodes
+            # other rows), and the TIS weights with them
+            "model.rollout_dtype=float32",
             "rollout.max_turns=1",
             "rollout.max_new_tokens=3",
             "rollout.sampling.seed=11",  # per-episode generators: samples do not depend on the shard

@@ -23,3 +23,30 @@ def test_cpu_flags_reads_this_machine():
     flags = hardware.cpu_flags()
     assert isinstance(flags, frozenset)
     assert hardware.fast_bf16("cpu") == any(f in flags for f in ("avx512_bf16", "amx_bf16"))
+
+
+def test_auto_update_precision_is_fp32_on_cuda_until_measured():
+    assert hardware.resolve_autocast("auto", "cuda") is None
+    assert hardware.resolve_autocast("auto", "cuda:1") is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "setting", "expected"),
+    [
+        ({"avx2"}, "auto", None),  # emulated bf16: sample the fp32 weights
+        ({"avx512_bf16"}, "auto", "bfloat16"),  # native bf16: a bf16 inference copy
+        ({"amx_bf16"}, "auto", "bfloat16"),
+        ({"avx512_bf16"}, "float32", None),  # the weights' own dtype needs no copy
+        ({"avx2"}, "float16", "float16"),
+    ],
+)
+def test_rollout_dtype(monkeypatch, flags, setting, expected):
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset(flags))
+    assert hardware.resolve_rollout_dtype(setting, "cpu") == expected
+    assert hardware.resolve_rollout_dtype("bfloat16", "cpu", weights_dtype="bfloat16") is None
+
+
+def test_sampler_matches_trainer_only_in_fp32_on_both_sides():
+    assert hardware.sampler_matches_trainer(None, None)
+    assert not hardware.sampler_matches_trainer("bfloat16", None)
+    assert not hardware.sampler_matches_trainer(None, "bfloat16")

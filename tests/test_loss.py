@@ -11,6 +11,7 @@ from flowgrpo.algorithms.loss import (
     aggregation_weights,
     kl_penalty,
     policy_loss,
+    sampler_ratio_stats,
     sft_loss,
     truncated_is_weights,
 )
@@ -162,6 +163,35 @@ def test_truncated_importance_sampling():
     # the weights multiply the policy-gradient term
     loss, m = policy_loss(old, old, torch.ones(2, 2), mask, is_weights=torch.tensor([[2.0, 1.0], [0.0, 0.0]]))
     assert loss.item() == pytest.approx(-3 / 4) and m["is_weight_mean"] == pytest.approx(0.75)
+
+
+def test_sampler_ratio_stats_hand_computed():
+    # trainer/sampler ratios 1.2, 0.8 | 1.0, (masked 5.0): mean (1.2 + 0.8 + 1.0) / 3 = 1.0
+    trainer = lp([1.2, 0.8, 1.0, 5.0]).view(2, 2)
+    sampler = torch.zeros(2, 2)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    s = sampler_ratio_stats(trainer, sampler, mask)
+    assert s == pytest.approx({"mean": 1.0, "min": 0.8, "max": 1.2, "tokens": 3.0})
+    assert sampler_ratio_stats(trainer, trainer, mask) == pytest.approx(
+        {"mean": 1, "min": 1, "max": 1, "tokens": 3}
+    )
+    assert sampler_ratio_stats(trainer, sampler, torch.zeros(2, 2)) == {"tokens": 0.0}
+
+
+def test_on_policy_tis_weights_the_policy_gradient_by_the_truncated_ratio():
+    """One optimizer step per batch: the old policy is the trainer's own (detached) logprobs, so the
+    PPO ratio is 1 and never clips; TIS (Yao et al. 2025) weights each token by min(rho, cap) with
+    rho = trainer / sampler. Per token the gradient of -w * r * A is -w * A * d logprob."""
+    logprobs = torch.log(torch.tensor([[0.5, 0.2, 0.3]])).requires_grad_()
+    sampler = torch.log(torch.tensor([[0.25, 0.4, 0.3]]))  # rho = 2, 0.5, 1 -> at cap 1.5: 1.5, 0.5, 1
+    mask = torch.ones(1, 3)
+    w = truncated_is_weights(logprobs.detach(), sampler, mask, cap=1.5)
+    assert w.flatten().tolist() == pytest.approx([1.5, 0.5, 1.0])
+    adv = torch.tensor([[1.0, 1.0, -2.0]])
+    loss, m = policy_loss(logprobs, logprobs.detach(), adv, mask, is_weights=w)
+    assert m["ratio_mean"] == 1.0 and m["clip_frac"] == 0.0
+    loss.backward()
+    assert logprobs.grad.flatten().tolist() == pytest.approx([-1.5 / 3, -0.5 / 3, 2.0 / 3])  # -w*A/3
 
 
 def test_sft_loss_is_token_mean_negative_logprob():

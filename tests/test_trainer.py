@@ -290,3 +290,24 @@ def test_resuming_from_an_older_checkpoint_records_each_step_once(tmp_path, capl
     assert "resuming at step 2: moved the records of later steps to" in caplog.text
     aside = next((run / "superseded").iterdir())
     assert len(read_trajectories(aside / "trajectories" / "step_000003.jsonl")) == 24
+
+
+def test_every_step_reports_the_sampler_trainer_ratio_before_its_first_update(tmp_path):
+    """fp32 sampler and trainer: the on-policy ratio is 1 within the stated tolerance, and with
+    several minibatches the later (off-policy) ones do not leak into it."""
+    from flowgrpo.training.trainer import SAMPLER_RATIO_TOLERANCE
+
+    tr = make_trainer(
+        tmp_path,
+        "train.steps=2",
+        "run.save_every=0",
+        "model.rollout_dtype=float32",
+        "train.minibatches_per_batch=2",
+    )
+    tr.train()
+    rows = [m.values for m in RunDir(tmp_path / "run").metrics() if m.values.get("optimizer_steps")]
+    assert rows
+    for r in rows:
+        assert r["sampler_ratio_min"] <= r["sampler_ratio_mean"] <= r["sampler_ratio_max"]
+        assert abs(r["sampler_ratio_min"] - 1) < SAMPLER_RATIO_TOLERANCE
+        assert abs(r["sampler_ratio_max"] - 1) < SAMPLER_RATIO_TOLERANCE

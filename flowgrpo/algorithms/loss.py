@@ -130,6 +130,31 @@ def aggregation_weights(
     return w
 
 
+def sampler_ratio_stats(
+    trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
+    """How far the sampler's logprobs are from the trainer's: ``mean``, ``min`` and ``max`` of
+    ``rho = exp(trainer_logprobs - sampler_logprobs)`` over the action tokens, with ``tokens``.
+
+    ``trainer_logprobs``, ``sampler_logprobs``, ``mask``: ``(B, T)``. Taken before the first
+    optimizer step of a batch, both are the same policy, so ``rho`` is 1 up to numerics: ~1e-5 off
+    when sampler and trainer run fp32 (flowgrpo's ``hf`` backend), up to ~20% under bf16 (Yao et
+    al. 2025, "Your efficient RL framework secretly brings you off-policy RL training", measure
+    the same gap in vLLM vs FSDP; :func:`truncated_is_weights` corrects for it). An empty mask
+    gives ``tokens = 0`` and no statistics.
+    """
+    on = mask > 0
+    rho = torch.exp((trainer_logprobs.detach() - sampler_logprobs.detach()).double()[on])  # (N,)
+    if rho.numel() == 0:
+        return {"tokens": 0.0}
+    return {
+        "mean": float(rho.mean()),
+        "min": float(rho.min()),
+        "max": float(rho.max()),
+        "tokens": float(rho.numel()),
+    }
+
+
 def truncated_is_weights(
     old_logprobs: torch.Tensor,
     sampler_logprobs: torch.Tensor,
@@ -446,6 +471,7 @@ __all__ = [
     "kl_penalty",
     "policy_loss",
     "ppo_clip_surrogate",
+    "sampler_ratio_stats",
     "sft_loss",
     "truncated_is_weights",
 ]

@@ -1,13 +1,36 @@
-"""What the hardware is, so configs can say ``device: auto`` and ``autocast: auto``.
+"""What the hardware is and what it is good at, so configs can say ``device: auto``,
+``autocast: auto`` and ``rollout_dtype: auto``.
 
 :func:`resolve_device` is the one place a device setting becomes a ``torch.device``: the build step,
 the rewards that load models of their own, ``serve`` and torchrun all call it, so ``auto`` means the
 same thing everywhere (CUDA when this torch has a GPU, else the CPU; under torchrun, the rank's GPU).
 
-bf16 autocast is only a win where bf16 matmuls run natively: on x86 CPUs with AVX512-BF16 or AMX
-(measured ~4x the fp32 matmul peak on an AVX512-BF16 EPYC) and on CUDA GPUs that support bf16. On an
-AVX2-only CPU, bf16 matmuls are emulated: measured 0.6 GFLOP/s against 68-190 GFLOP/s in fp32, i.e. a
-training step hundreds of times slower. ``auto`` therefore picks bf16 only where it is fast.
+Two places use a low precision, and each is chosen by what was measured to beat fp32 (never by
+what is merely supported):
+
+- **Sampling** (``model.rollout_dtype``): the rollout samples from an inference copy of the policy
+  in bf16, cast from the fp32 master weights after each optimizer step (as verl and vLLM-style
+  engines keep a bf16 copy for generation). Autocast is the wrong tool there: it casts every fp32
+  weight at every op of every decode step, and a decode step of a 135M model is bound by per-op
+  overhead, not arithmetic (on an H100, demo 8.1 min under autocast against 2.4 in fp32).
+- **The update** (``model.autocast``): fp32 master weights (pure-bf16 weights barely move at RL
+  learning rates) and autocast for the forward/backward passes, where it is faster.
+
+Measured on a 2-core AMD EPYC with avx512_bf16 (no AMX), torch 2.13 CPU, SmolLM2-135M
+(``python benchmarks/rollout.py --precision``, docs/benchmarks.md): a decode step at batch 16 took
+~100 ms in fp32, ~80 ms under bf16 autocast, ~57 ms from a bf16 copy (fp16 copy: ~150 ms, no native
+fp16 arithmetic); an update of 8 x 256 tokens 8.2-9.6 s in fp32 and 3.2-3.4 s under bf16 autocast.
+On an AVX2-only CPU bf16 matmuls are emulated (0.6 GFLOP/s against 68-190 in fp32), so ``auto``
+keeps fp32 for both there.
+
+On CUDA (not measured with this code: no GPU was lent when it was written) ``auto`` samples from a
+bf16 copy -- no per-op casts, so it cannot add launches over fp32, and bf16 tensor cores are faster
+-- and keeps the update in fp32, since the only GPU measurement so far (bf16 autocast on an H100,
+issue 26) was slower than fp32 end to end.
+
+Any precision below fp32 on either side makes the sampler's logprobs differ from the trainer's
+(ratios of 0.85-1.20 on an on-policy update were seen under bf16); :func:`sampler_matches_trainer`
+says when, and ``algorithm.tis: auto`` then corrects with truncated importance sampling.
 """
 
 from __future__ import annotations
@@ -152,11 +175,17 @@ def fast_bf16(device: str | None = None) -> bool:
 
 
 def resolve_autocast(setting: str | None, device: str | None = None) -> str | None:
-    """``"auto"`` -> ``"bfloat16"`` where bf16 is fast on ``device``, else ``None`` (plain fp32);
-    any other setting is returned unchanged, with a warning when bf16 is asked for where it is slow."""
+    """The autocast dtype of the update's forward/backward passes.
+
+    ``"auto"`` -> ``"bfloat16"`` on a CPU with native bf16 (measured 2.5x faster than fp32 there),
+    else ``None`` (plain fp32: on an AVX2 CPU bf16 is emulated; on CUDA autocast is unmeasured for
+    the update alone and was slower end to end). Any other setting is returned unchanged, with a
+    warning when bf16 is asked for where it is slow.
+    """
+    kind = (device or "cpu").split(":")[0]
     if setting == "auto":
-        chosen = "bfloat16" if fast_bf16(device) else None
-        log.info("autocast auto on %s: %s", device or "cpu", chosen or "off (no native bf16: fp32 is faster)")
+        chosen = "bfloat16" if kind == "cpu" and fast_bf16(device) else None
+        log.debug("autocast auto on %s: %s", device or "cpu", chosen or "off (fp32)")
         return chosen
     if setting == "bfloat16" and not fast_bf16(device):
         log.warning(
@@ -165,3 +194,33 @@ def resolve_autocast(setting: str | None, device: str | None = None) -> str | No
             device or "cpu",
         )
     return setting
+
+
+def resolve_rollout_dtype(
+    setting: str, device: str | None = None, weights_dtype: str = "float32"
+) -> str | None:
+    """The dtype of the inference copy the rollout samples from, or ``None`` to sample from the
+    trained weights themselves.
+
+    ``"auto"`` -> ``"bfloat16"`` where bf16 is native (a CPU with avx512_bf16/AMX: a decode step
+    measured 1.75x faster than fp32; CUDA: unmeasured, see the module docstring), else ``None``.
+    A setting equal to ``weights_dtype`` needs no copy (``None``).
+    """
+    if setting == "auto":
+        chosen = "bfloat16" if fast_bf16(device) else None
+        log.debug("rollout_dtype auto on %s: %s", device or "cpu", chosen or "the fp32 weights")
+    else:
+        chosen = setting
+        if setting == "bfloat16" and not fast_bf16(device):
+            log.warning(
+                "rollout_dtype bfloat16 on %s without native bf16: decoding is emulated and much slower "
+                "than fp32; use model.rollout_dtype=auto or float32",
+                device or "cpu",
+            )
+    return None if chosen in (None, weights_dtype) else chosen
+
+
+def sampler_matches_trainer(rollout_dtype: str | None, autocast: str | None) -> bool:
+    """Whether sampler and trainer compute in fp32 alike (their logprobs then agree to ~1e-5; any
+    bf16/fp16 on either side rounds them apart, by up to ~20% in probability per token)."""
+    return rollout_dtype is None and autocast is None

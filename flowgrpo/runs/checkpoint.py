@@ -276,18 +276,26 @@ class CheckpointData:
         return ReferencePointer.model_validate(ref) if ref is not None else None
 
 
-def read_checkpoint(path: str | os.PathLike, *, with_optimizer: bool = True) -> CheckpointData:
-    """Read a checkpoint directory (or its ``state.pt``); a missing directory is a
-    :class:`FileNotFoundError`, an unreadable file a :class:`CheckpointError`. Reads the older
-    one-file format (model and optimizer inside ``state.pt``) too."""
+def checkpoint_state_file(path: str | os.PathLike) -> Path:
+    """The ``state.pt`` of a checkpoint directory (or the file itself), or a
+    :class:`MissingCheckpointError` that says what a checkpoint path looks like: callers check this
+    before they load a model, so a mistyped path fails in one line and at once."""
     p = Path(path)
-    d = p.parent if p.name == STATE_FILE else p
-    f = d / STATE_FILE
+    f = (p.parent if p.name == STATE_FILE else p) / STATE_FILE
     if not f.is_file():
         raise MissingCheckpointError(
             f"no checkpoint at {p} (expected {f}): name a checkpoint directory such as "
             "RUN/checkpoints/step_000010 (flowgrpo.runs.checkpoint.list_checkpoints lists a run's)"
         )
+    return f
+
+
+def read_checkpoint(path: str | os.PathLike, *, with_optimizer: bool = True) -> CheckpointData:
+    """Read a checkpoint directory (or its ``state.pt``); a missing directory is a
+    :class:`FileNotFoundError`, an unreadable file a :class:`CheckpointError`. Reads the older
+    one-file format (model and optimizer inside ``state.pt``) too."""
+    f = checkpoint_state_file(path)
+    d = f.parent
     state = _torch_load(f, weights_only=False)
     if not isinstance(state, dict) or "step" not in state:
         raise CheckpointError(f"{f} is not a flowgrpo checkpoint (no step recorded)")
@@ -326,6 +334,7 @@ __all__ = [
     "CheckpointError",
     "ReferencePointer",
     "checkpoint_dir",
+    "checkpoint_state_file",
     "latest_checkpoint",
     "list_checkpoints",
     "load_checkpoint",

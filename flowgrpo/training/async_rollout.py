@@ -207,7 +207,9 @@ def rollout_replica(cfg: Any, parts: Any) -> ReplicaBackend | None:
         return None
     from flowgrpo.components import make_backend
 
-    return ReplicaBackend(parts.model, lambda m: make_backend(cfg, m, parts.tokenizer, parts.autocast))
+    return ReplicaBackend(
+        parts.model, lambda m: make_backend(cfg, m, parts.tokenizer, parts.autocast, parts.rollout_dtype)
+    )
 
 
 __all__ = ["AsyncRollout", "ReplicaBackend", "RolloutBatch", "rollout_replica", "staleness_stats"]

@@ -125,9 +125,11 @@ def evaluate_run(
     (``checkpoint="untrained"``): the config's parts with the checkpoint's policy weights, and no
     optimizer or reference model."""
     from flowgrpo.components import build
-    from flowgrpo.runs.checkpoint import load_checkpoint
+    from flowgrpo.runs.checkpoint import checkpoint_state_file, load_checkpoint
     from flowgrpo.runs.evaluation import evaluate, record_evaluation
 
+    if checkpoint not in (None, "untrained"):
+        checkpoint_state_file(checkpoint)  # a mistyped path fails before any model is loaded
     parts = build(cfg)
     step = 0
     if checkpoint != "untrained":

@@ -21,10 +21,12 @@ estimator); the algorithms live in their modules as pure functions; the supervis
 :mod:`flowgrpo.training.sft` and evaluation :mod:`flowgrpo.runs.evaluation`. This file only runs the loop.
 
 What it leaves out, and why: no value model (group baselines replace it, as in GRPO); no
-resampling of zero-variance groups (it makes the step's cost unpredictable on CPU); the sampler's
-logprobs are the "old" policy (the ``hf`` backend shares this model, so they agree up to numerics;
-``algorithm.tis`` recomputes them and corrects the gap with truncated importance sampling, which a
-served policy needs). Under ``torchrun`` the same step runs data-parallel: each rank rolls out a
+resampling of zero-variance groups (it makes the step's cost unpredictable on CPU). The sampler's
+logprobs are the "old" policy when sampler and trainer both run fp32 (the ``hf`` backend shares
+this model, so they agree to ~1e-5); otherwise (a bf16 inference copy or autocast, another engine,
+async staleness) ``algorithm.tis`` takes the trainer's own logprobs as the old policy and weights
+each token by the truncated sampler/trainer ratio. Every step reports that ratio before its first
+optimizer step (``sampler_ratio_mean/min/max``, 1 when the two agree). Under ``torchrun`` the same step runs data-parallel: each rank rolls out a
 shard of the tasks and trains its own rows of the gathered batch (:mod:`flowgrpo.training.distributed`).
 
 Reproducibility: every step reseeds python/numpy/torch from ``(seed, step)`` before sampling, and a
@@ -51,7 +53,12 @@ import torch
 from flowgrpo.algorithms.advantages import is_zero_variance
 from flowgrpo.algorithms.curriculum import TaskSampler, TaskStream, make_sampler
 from flowgrpo.algorithms.episodes import apply_overlong_penalty, exclude_terminations, is_truncated
-from flowgrpo.algorithms.loss import entropy_top_q_threshold, policy_loss, truncated_is_weights
+from flowgrpo.algorithms.loss import (
+    entropy_top_q_threshold,
+    policy_loss,
+    sampler_ratio_stats,
+    truncated_is_weights,
+)
 from flowgrpo.components import Components, GroupScorer, build, env_factory_of
 from flowgrpo.config import TrainConfig, dump_config
 from flowgrpo.env import Environment, Split
@@ -86,6 +93,13 @@ from flowgrpo.utils import interrupt
 from flowgrpo.utils.seeding import seed_everything
 
 log = logging.getLogger(__name__)
+
+SAMPLER_RATIO_TOLERANCE = 1e-3
+"""How far from 1 the sampler/trainer ratio of an on-policy update may be when both run fp32 (the
+``hf`` backend over the trained weights): measured 0.99997-1.00001 on SmolLM2-135M (docs/benchmarks.md).
+Beyond it, with ``algorithm.tis`` off, the trainer warns: the loss would read rounding as policy
+change (a truncated distribution, ``top_p < 1`` or ``top_k``, also moves it: the trainer scores the
+full distribution)."""
 
 
 def lr_lambda(schedule: str, total: int, warmup: int, min_ratio: float) -> Callable[[int], float]:
@@ -200,6 +214,7 @@ class Trainer:
         self.idle = IdleWatch(cfg.train.group_size)  # says so when steps train nothing
         self.step = 0
         self.counters = {"nan_skipped_steps": 0, "sft_done": 0}
+        self._warned_ratio = False
         self.out = Path(cfg.run.output_dir)
         self.ckpt_root = self.out / "checkpoints"
         self._mine: set[str] = set()  # ids of the trajectories this rank rolled out (torchrun)
@@ -252,6 +267,13 @@ class Trainer:
         step and return (``status: "interrupted"``); see :meth:`_signals`."""
         from tqdm.auto import tqdm
 
+        log.info(
+            "numerics on %s: sampling from %s, update %s, TIS %s",
+            self.device,
+            f"a {self.parts.rollout_dtype} copy" if self.parts.rollout_dtype else "the fp32 weights",
+            f"under {self.parts.autocast} autocast" if self.parts.autocast else "in fp32",
+            self.parts.tis,
+        )
         cfg = self.cfg
         target = min(until_step or cfg.train.steps, cfg.train.steps)
         if cfg.sft.enabled and self.step == 0 and not self.counters["sft_done"]:
@@ -500,13 +522,17 @@ class Trainer:
         if self.ref_model is not None:
             with reference_mode(self.ref_model) as ref_model:
                 ref = self._precompute(ref_model, rows)
-        old = self._precompute(self.model, rows) if cfg.algorithm.tis != "off" else None
+        # TIS takes the trainer's logprobs as the old policy: with one optimizer step per batch those
+        # are the first pass's own (detached), so only several steps need a pass before the first
+        several = cfg.train.epochs_per_batch > 1 or cfg.train.minibatches_per_batch > 1
+        old = self._precompute(self.model, rows) if self.parts.tis != "off" and several else None
         keep = self._high_entropy_tokens(rows) if cfg.algorithm.entropy_top_q is not None else None
         by_seq: dict[int, list[Row]] = {}
         for r in batch_rows:
             by_seq.setdefault(r.seq_index, []).append(r)
         seqs = list(by_seq)
         agg: dict[str, float] = {}
+        first: dict[str, float] = {}
         steps = 0
         gen = torch.Generator().manual_seed(cfg.train.seed * 7919 + self.step)
         for _ in range(cfg.train.epochs_per_batch):
@@ -521,13 +547,17 @@ class Trainer:
                     old,
                     keep=keep,
                     weights_over=mb_rows if self.dist.enabled else None,
+                    measure_sampler=steps == 0,
                 )
+                if steps == 0:  # the first minibatch only: later ones see an updated policy
+                    first = {k: m.pop(k) for k in list(m) if k.startswith("sampler_ratio_")}
                 steps += 1
                 for key, v in m.items():
                     agg[key] = agg.get(key, 0.0) + v
         if self.sharded is not None:  # rollout, evaluation and checkpoints read the full model
             self.sharded.copy_to(self.model)
         out = {k: v / steps for k, v in agg.items()}
+        out.update(first)
         out["train_tokens"] = agg.get("train_tokens", 0.0)
         out["optimizer_steps"] = float(steps)
         if self.critic is not None:
@@ -543,7 +573,10 @@ class Trainer:
         *,
         keep: dict[int, torch.Tensor] | None = None,
         weights_over: list[Row] | None = None,
+        measure_sampler: bool = False,
     ) -> dict[str, float]:
+        """One optimizer step over ``rows``; ``measure_sampler`` adds ``sampler_ratio_mean/min/max``
+        (this rank's action tokens), meaningful before the batch's first update."""
         cfg, a = self.cfg, self.cfg.algorithm
         self.optimizer.zero_grad(set_to_none=True)
         if self.critic is not None:
@@ -570,13 +603,21 @@ class Trainer:
             if self.sharded is not None
             else 0
         )
+        ratio_parts: list[dict[str, float]] = []
         for mb in mbs:
             lp, ent = self._policy_logprobs(mb, with_entropy=True, entropy_grad=a.entropy_coef > 0)
+            if measure_sampler:
+                ratio_parts.append(sampler_ratio_stats(lp, mb.old_logprobs, mb.loss_mask))
             old_lp, is_w = mb.old_logprobs, None
-            if old is not None:  # trainer's recomputed old policy; correct the sampler gap with TIS
-                old_lp = self._gather(old, mb)
+            if self.parts.tis != "off":  # the trainer's old policy; correct the sampler gap with TIS
+                old_lp = self._gather(old, mb) if old is not None else lp.detach()
                 is_w = truncated_is_weights(
-                    old_lp, mb.old_logprobs, mb.loss_mask, cap=a.tis_cap, mode=a.tis, seq_index=mb.seq_index
+                    old_lp,
+                    mb.old_logprobs,
+                    mb.loss_mask,
+                    cap=a.tis_cap,
+                    mode=self.parts.tis,
+                    seq_index=mb.seq_index,
                 )
             loss, m = policy_loss(
                 lp,
@@ -643,12 +684,39 @@ class Trainer:
             return {"skipped": 1.0}
         self.optimizer.step()
         out = {k: (v / tokens if tokens and k != "loss" else v) for k, v in sums.items()}
+        out.update(self._sampler_ratio(ratio_parts))
         if self.critic is not None:
             out["ppo/value_grad_norm"] = self.critic.step(cfg.train.grad_clip)
         out.update(grad_norm=grad_norm, train_tokens=tokens, skipped=0.0)
         return out
 
     # ------------------------------------------------------------------ helpers of the update
+    def _sampler_ratio(self, parts: list[dict[str, float]]) -> dict[str, float]:
+        """The micro-batches' :func:`~flowgrpo.algorithms.loss.sampler_ratio_stats` merged into step metrics;
+        warns once when the sampler is trusted as the old policy (``tis`` off) but disagrees."""
+        parts = [p for p in parts if p["tokens"]]
+        if not parts:
+            return {}
+        n = sum(p["tokens"] for p in parts)
+        out = {
+            "sampler_ratio_mean": sum(p["mean"] * p["tokens"] for p in parts) / n,
+            "sampler_ratio_min": min(p["min"] for p in parts),
+            "sampler_ratio_max": max(p["max"] for p in parts),
+        }
+        off = max(out["sampler_ratio_max"] - 1.0, 1.0 - out["sampler_ratio_min"])
+        if self.parts.tis == "off" and off > SAMPLER_RATIO_TOLERANCE and not self._warned_ratio:
+            self._warned_ratio = True
+            log.warning(
+                "step %d: the sampler's logprobs differ from the trainer's before any update (ratio %.4f-%.4f, "
+                "tolerance 1 +- %g) and algorithm.tis is off, so the loss treats the gap as policy change: "
+                "set algorithm.tis=token (or auto)",
+                self.step,
+                out["sampler_ratio_min"],
+                out["sampler_ratio_max"],
+                SAMPLER_RATIO_TOLERANCE,
+            )
+        return out
+
     def _policy_logprobs(self, mb: MicroBatch, *, with_entropy: bool = False, entropy_grad: bool = False):
         """Logprobs of the trained policy (its FSDP2 shards under fsdp2), with the graph."""
         if self.sharded is None:
