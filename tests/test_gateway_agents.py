@@ -238,3 +238,33 @@ def test_langchain_chat_openai_with_bound_tools_is_recorded_as_tool_env_records_
     [reference] = engine.run_groups(env, [TASK], 1)[0].trajectories
     assert [t.prompt_ids for t in recorded.turns] == [t.prompt_ids for t in reference.turns]
     assert [t.action_ids for t in recorded.turns] == [t.action_ids for t in reference.turns]
+
+
+def test_flowgrpo_serve_record_on_the_command_line_writes_the_episode(tmp_path):
+    """``flowgrpo serve --record RUN_DIR`` end to end: a process of its own on a free loopback port."""
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flowgrpo", "serve", "--model", "tiny", "--port", "0", "--device", "cpu",
+         "--record", str(tmp_path), "--max-episode-turns", "3"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        url = None
+        for line in proc.stdout:  # "flowgrpo serve: tiny at http://127.0.0.1:PORT/v1"
+            if " at http" in line:
+                url = line.split(" at ", 1)[1].strip()
+                break
+        assert url is not None, "the server never said where it listens"
+        client = openai.OpenAI(base_url=url, api_key="unused", default_headers={"X-Episode-Id": "cli-1"})
+        msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK.prompt}]
+        r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=5)
+        post_reward(1.0, {"accuracy": 1.0}, base_url=url, episode_id="cli-1")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    [traj] = RunDir(tmp_path).trajectories(0)
+    assert traj.reward == 1.0 and traj.reward_breakdown == {"accuracy": 1.0}
+    assert traj.turns[0].action_ids == r.choices[0].model_extra["token_ids"]
