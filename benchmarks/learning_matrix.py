@@ -37,6 +37,7 @@ from flowgrpo.runs.evaluation import EvalResult
 PRECISIONS: dict[str, list[str]] = {
     "fp32": ["model.autocast=null", "model.rollout_dtype=float32"],
     "bf16": ["model.autocast=bfloat16", "model.rollout_dtype=bfloat16"],
+    "bf16-sampling": ["model.autocast=null", "model.rollout_dtype=bfloat16"],
     "fp16": ["model.autocast=float16", "model.rollout_dtype=float16"],
     "auto": ["model.autocast=auto", "model.rollout_dtype=auto"],
 }
