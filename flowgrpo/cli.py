@@ -273,7 +273,9 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
         help="held-out tasks evaluated after the warm start and after RL (0: skip)",
     )
     p.add_argument(
-        "--untrained-n", type=_count(0), help="held-out tasks evaluated before training (default: --eval-n)"
+        "--untrained-n",
+        type=_count(0),
+        help="held-out tasks evaluated before training (default: --eval-n; 0: none)",
     )
     p.add_argument("--no-report", action="store_true", help="skip plot.png and report.html")
     p.set_defaults(func=_run_train)

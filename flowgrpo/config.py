@@ -41,9 +41,9 @@ class ModelConfig(_Section):
     autocast: Literal["auto", "bfloat16", "float16"] | None = Field(
         "auto",
         description="autocast dtype of the training passes (update, warm start, reference/old logprobs) "
-        "and of sampling when rollout_dtype is float32; null = off (fp32); auto = bfloat16 on a CPU with "
-        "native bf16 (AVX512-BF16/AMX; measured 2.5x faster updates), else off (CUDA: not measured; "
-        "AVX2: bf16 is emulated); flowgrpo/modeling/hardware.py",
+        "and of sampling when rollout_dtype is float32; null = off (fp32); auto = off: a bf16 update is "
+        "2.5x faster on a bf16-native CPU but its RL phase gained nothing there (docs/learning.md section 8); "
+        "bfloat16 = opt in; flowgrpo/modeling/hardware.py",
     )
     rollout_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",

@@ -322,3 +322,11 @@ def test_not_a_run_directory(tmp_path):
         run.config()
     with pytest.raises(RunError, match=r"saved steps: \(none\)"):
         run.checkpoint(1)
+
+
+def test_untrained_n_zero_skips_the_untrained_evaluation(tmp_path):
+    out = tmp_path / "RUN"
+    sets = [a for kv in [*TINY_RUN, f"run.output_dir={out}", "train.steps=1"] for a in ("--set", kv)]
+    argv = ["train", str(EXAMPLES / "calculator_agent.yaml"), *sets, "--eval-n", "2", "--untrained-n", "0"]
+    assert main([*argv, "--no-report"]) == 0
+    assert [e.label for e in RunDir(out).evals()] == ["step1"]

@@ -177,16 +177,17 @@ def fast_bf16(device: str | None = None) -> bool:
 def resolve_autocast(setting: str | None, device: str | None = None) -> str | None:
     """The autocast dtype of the update's forward/backward passes.
 
-    ``"auto"`` -> ``"bfloat16"`` on a CPU with native bf16 (measured 2.5x faster than fp32 there),
-    else ``None`` (plain fp32: on an AVX2 CPU bf16 is emulated; on CUDA autocast is unmeasured for
-    the update alone and was slower end to end). Any other setting is returned unchanged, with a
-    warning when bf16 is asked for where it is slow.
+    ``"auto"`` -> ``None`` (plain fp32) on every machine. bf16 autocast makes the update 2.5x faster
+    on a CPU with native bf16, but there the RL phase stopped adding anything: on the same seed and
+    machine (2-core avx512_bf16 EPYC, docs/learning.md section 8), bf16 sampling + fp32 update gained
+    +6.2 points over its warm start (p = 0.022), fp32 throughout +7.0 (p = 0.0087), and bf16 sampling
+    + bf16 update +0.0 (p = 1) over a warm start that bf16 had made 7.6 points stronger. One seed: a
+    hint, not a result. On an AVX2 CPU bf16 is emulated, and on CUDA autocast was slower end to end.
+    ``bfloat16`` stays available, with a warning where it is slow.
     """
-    kind = (device or "cpu").split(":")[0]
     if setting == "auto":
-        chosen = "bfloat16" if kind == "cpu" and fast_bf16(device) else None
-        log.debug("autocast auto on %s: %s", device or "cpu", chosen or "off (fp32)")
-        return chosen
+        log.debug("autocast auto on %s: off (fp32 update)", device or "cpu")
+        return None
     if setting == "bfloat16" and not fast_bf16(device):
         log.warning(
             "autocast bfloat16 on %s without native bf16 (no avx512_bf16/amx on this CPU): matmuls are "

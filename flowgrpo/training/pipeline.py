@@ -32,7 +32,7 @@ def train_and_evaluate(
     ``untrained_n`` (default ``eval_n``) sizes the untrained policy's evaluation, whose episodes run to
     the token limit and cost several times a trained one's.
     """
-    untrained_n = untrained_n or eval_n
+    untrained_n = eval_n if untrained_n is None else untrained_n  # 0 skips it
     from flowgrpo.training.trainer import Trainer
 
     t0 = time.monotonic()
