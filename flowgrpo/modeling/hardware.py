@@ -5,8 +5,8 @@
 the rewards that load models of their own, ``serve`` and torchrun all call it, so ``auto`` means the
 same thing everywhere (CUDA when this torch has a GPU, else the CPU; under torchrun, the rank's GPU).
 
-Two places use a low precision, and each is chosen by what was measured to beat fp32 (never by
-what is merely supported):
+Two places could use a low precision. ``auto`` picks it only where it was measured to beat fp32
+(never where it is merely supported) and where RL still learned with it:
 
 - **Sampling** (``model.rollout_dtype``): the rollout samples from an inference copy of the policy
   in bf16, cast from the fp32 master weights after each optimizer step (as verl and vLLM-style
@@ -14,14 +14,15 @@ what is merely supported):
   weight at every op of every decode step, and a decode step of a 135M model is bound by per-op
   overhead, not arithmetic (on an H100, demo 8.1 min under autocast against 2.4 in fp32).
 - **The update** (``model.autocast``): fp32 master weights (pure-bf16 weights barely move at RL
-  learning rates) and autocast for the forward/backward passes, where it is faster.
+  learning rates). bf16 autocast of its passes is faster where bf16 is native, but there the RL
+  phase gained nothing (:func:`resolve_autocast`), so ``auto`` keeps the update in fp32 everywhere.
 
 Measured on a 2-core AMD EPYC with avx512_bf16 (no AMX), torch 2.13 CPU, SmolLM2-135M
 (``python benchmarks/rollout.py --precision``, docs/benchmarks.md): a decode step at batch 16 took
 ~100 ms in fp32, ~80 ms under bf16 autocast, ~57 ms from a bf16 copy (fp16 copy: ~150 ms, no native
 fp16 arithmetic); an update of 8 x 256 tokens 8.2-9.6 s in fp32 and 3.2-3.4 s under bf16 autocast.
 On an AVX2-only CPU bf16 matmuls are emulated (0.6 GFLOP/s against 68-190 in fp32), so ``auto``
-keeps fp32 for both there.
+samples in fp32 there too.
 
 On CUDA (not measured with this code: no GPU was lent when it was written) ``auto`` samples from a
 bf16 copy -- no per-op casts, so it cannot add launches over fp32, and bf16 tensor cores are faster
@@ -182,8 +183,8 @@ def resolve_autocast(setting: str | None, device: str | None = None) -> str | No
     machine (2-core avx512_bf16 EPYC, seed 0, docs/learning.md section 8), bf16 sampling + fp32 update
     gained +6.2 points over its warm start (p = 0.022; +8.4 and +12.4 in seeds 1 and 2), fp32
     throughout +7.0 (p = 0.0087), and bf16 sampling + bf16 update +0.0 (p = 1) over a warm start that
-    bf16 had made 7.6 points stronger. On an AVX2 CPU bf16 is emulated, and on CUDA autocast was slower end to end.
-    ``bfloat16`` stays available, with a warning where it is slow.
+    bf16 had made 7.6 points stronger. On an AVX2 CPU bf16 is emulated, and on CUDA autocast was
+    slower end to end. ``bfloat16`` stays available, with a warning where it is slow.
     """
     if setting == "auto":
         log.debug("autocast auto on %s: off (fp32 update)", device or "cpu")
