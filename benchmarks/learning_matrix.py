@@ -5,7 +5,8 @@ in every seed and on every numeric path, and does it hold when the run is longer
         --precision fp32 bf16 --run                      # run the missing arms, then print the table
     python -m benchmarks.learning_matrix --config examples/calculator_agent.yaml --seeds 0 1 2 \\
         --precision fp32 bf16                            # print the table of the arms already run
-    python -m benchmarks.learning_matrix ... --steps 15  # the 5x-longer arms of the same recipe
+    python -m benchmarks.learning_matrix ... --steps 15  # the 5x-longer arms of the same recipe, each
+                                                         # also paired with its config-length arm
 
 An arm is the README's main job, unchanged but for its seed and precision: ``flowgrpo train CONFIG
 --set train.seed=S --set model.autocast=... --eval-n N`` in a process of its own, writing
@@ -22,6 +23,7 @@ table names it per row. Compare an arm only with its own warm start and with arm
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -158,6 +160,28 @@ def table(rows: list[tuple[str, Arm]], pooled: PairedComparison | None) -> str:
     return head + "\n".join(lines)
 
 
+def versus_short(rows: list[tuple[str, Arm]], short: dict[str, Arm]) -> str:
+    """Each longer arm's final checkpoint against the final checkpoint of its config-length run
+    (same seed and precision), paired on the tasks both evaluated: is more RL worse?"""
+    head = (
+        "| arm | config's steps: after RL | longer: after RL | difference [95% CI] | p |\n"
+        "|---|---|---|---|---|\n"
+    )
+    lines = []
+    for name, arm in rows:
+        base = short.get(name)
+        if base is None:
+            continue
+        shared = [t for t in arm.final.per_task if t in base.final.per_task]
+        c = paired_difference(base.final.outcomes(shared), arm.final.outcomes(shared))
+        lo, hi = c.ci95
+        lines.append(
+            f"| {name} | {c.accuracy_a:.3f} (step {base.final.step}) | {c.accuracy_b:.3f} (step {arm.final.step}) | "
+            f"{100 * c.difference:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] | {c.p_value:.2g} |"
+        )
+    return head + "\n".join(lines) if lines else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default="examples/calculator_agent.yaml")
@@ -200,6 +224,15 @@ def main(argv: list[str] | None = None) -> int:
         pooled = paired_difference([x for _, r in rows for x in r.a], [x for _, r in rows for x in r.b])
     print(f"{args.config}: warm start vs after RL, greedy, paired on the same held-out tasks\n")
     print(table(rows, pooled))
+    if args.steps:
+        short: dict[str, Arm] = {}
+        for precision in args.precision:
+            for seed in args.seeds:
+                with contextlib.suppress(OSError, ValueError):
+                    short[arm_name(precision, seed, args.steps)] = Arm(base / arm_name(precision, seed, None))
+        if vs := versus_short(rows, short):
+            print(f"\nthe {args.steps}-step arms against the config's length, final vs final, same tasks\n")
+            print(vs)
     if missing:
         print(f"\nnot run yet: {', '.join(missing)} (add --run)")
     return 0 if rows else 1

@@ -233,10 +233,13 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(tmp_pa
     from benchmarks.learning_matrix import main
     from flowgrpo.runs.evaluation import EvalResult
 
-    def arm(name: str, warm: list[int], final: list[int], curve: list[int] | None = None) -> None:
+    def arm(
+        name: str, warm: list[int], final: list[int], curve: list[int] | None = None, final_step: int = 3
+    ) -> None:
         out = tmp_path / "calculator_agent" / name
         out.mkdir(parents=True)
-        evals = [("warm", 0, warm)] + ([("step2", 2, curve)] if curve else []) + [("step3", 3, final)]
+        evals = [("warm", 0, warm)] + ([("step2", 2, curve)] if curve else [])
+        evals.append((f"step{final_step}", final_step, final))
         with open(out / "eval.jsonl", "w") as f:
             for label, step, solved in evals:
                 ev = EvalResult(
@@ -264,3 +267,12 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(tmp_pa
         pooled[1:4] == ["2-core CPU (avx512_bf16)", "0.500", "0.900"] and pooled[5] == "0.22"
     )  # 5 fixed vs 1 broken: p = 2 * 7/64 = 0.22
     assert "not run yet: fp32-seed2 (add --run)" in out
+
+    # --steps: the longer arm is also paired with its config-length run, final against final
+    arm("fp32-seed0-steps15", [1, 0, 0, 0, 1, 1], [1, 1, 1, 1, 1, 1], final_step=15)
+    assert main(["--seeds", "0", "--steps", "15", "--root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    vs = out.split("against the config's length")[1]
+    row = next(r for r in vs.splitlines() if r.startswith("| fp32-seed0-steps15")).split(" | ")
+    assert row[1:4] == ["0.833 (step 3)", "1.000 (step 15)", row[3]] and row[3].startswith("+16.7 [")
+    assert row[4] == "1 |"  # one task fixed, none broken: exact McNemar p = 1
