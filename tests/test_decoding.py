@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicLayer
 
+from flowgrpo.modeling.kvcache import cache_kwargs
 from flowgrpo.modeling.models import tiny_model
 from flowgrpo.rollout.backends.base import SamplingParams
 from flowgrpo.rollout.backends.decoding import (
@@ -64,9 +65,9 @@ def test_growing_cache_in_a_model_equals_the_dynamic_cache():
     with torch.no_grad():
         full = model(ids).logits[:, -1]
         cache = GrowingCache()
-        model(ids[:, :3], past_key_values=cache, use_cache=True)
-        model(ids[:, 3:4], past_key_values=cache, use_cache=True)
-        last = model(ids[:, 4:], past_key_values=cache, use_cache=True).logits[:, -1]
+        model(ids[:, :3], use_cache=True, **cache_kwargs(cache))
+        model(ids[:, 3:4], use_cache=True, **cache_kwargs(cache))
+        last = model(ids[:, 4:], use_cache=True, **cache_kwargs(cache)).logits[:, -1]
     assert torch.allclose(last, full, atol=1e-5)
 
 

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from flowgrpo.modeling.kvcache import cache_kwargs
+
 
 def split_model(model: Any) -> tuple[Any, Any]:
     """``(backbone, lm_head)`` of a Hugging Face causal LM (a PEFT wrapper is looked through; its
@@ -187,7 +189,7 @@ def _hidden_with_shared_prefixes(backbone, input_ids, attention_mask, plan: _Pre
     cache = DynamicCache()
     if R:
         root = torch.tensor([plan.prefixes[0][:R]], dtype=torch.long, device=dev)  # (1, R)
-        backbone(input_ids=root, past_key_values=cache, use_cache=True)
+        backbone(input_ids=root, use_cache=True, **cache_kwargs(cache))
         cache.batch_select_indices(torch.zeros(U, dtype=torch.long, device=dev))  # (U, heads, R, D)
     pre_ids = torch.zeros((U, P - R), dtype=torch.long, device=dev)
     pre_mask = torch.zeros((U, P), dtype=torch.long, device=dev)
@@ -202,8 +204,8 @@ def _hidden_with_shared_prefixes(backbone, input_ids, attention_mask, plan: _Pre
         input_ids=pre_ids,
         attention_mask=pre_mask,
         position_ids=pre_pos,
-        past_key_values=cache,
         use_cache=True,
+        **cache_kwargs(cache),
     )
     cache.batch_select_indices(torch.tensor(plan.group, device=dev))  # (B, heads, P, D) per layer
 
@@ -220,7 +222,7 @@ def _hidden_with_shared_prefixes(backbone, input_ids, attention_mask, plan: _Pre
         mask[b, P - (n - R) : P + r] = 1
         pos[b, :r] = torch.arange(n, n + r, device=dev)
     return backbone(
-        input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
+        input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **cache_kwargs(cache)
     ).last_hidden_state  # (B, S, H)
 
 

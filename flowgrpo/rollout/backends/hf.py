@@ -66,6 +66,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from flowgrpo.modeling.kvcache import cache_kwargs
 from flowgrpo.modeling.logprobs import common_prefix_len
 from flowgrpo.rollout.backends.base import BackendBase, GenerationResult, SamplingParams, prompt_limits
 from flowgrpo.rollout.backends.decoding import GrowingCache, decode_view, refresh_view
@@ -541,7 +542,7 @@ class HFBackend(BackendBase):
                         v[u, :, C - h[0] :] = h[1][layer][1]
                 cache.update(k, v, layer)
         logits = self._forward(
-            input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, logits_to_keep=1
+            input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=1, **cache_kwargs(cache)
         )  # (U, V)
         self.stats["admissions"] += 1
         self.stats["prefill_tokens"] += root + sum(len(p) - c for p, c in zip(prompts, cached, strict=True))
@@ -561,7 +562,7 @@ class HFBackend(BackendBase):
 
         cache = GrowingCache()
         ids = torch.tensor([list(tokens)], device=self.device)  # (1, n)
-        self._forward(input_ids=ids, past_key_values=cache, logits_to_keep=1)
+        self._forward(input_ids=ids, logits_to_keep=1, **cache_kwargs(cache))
         return [(layer.keys[0], layer.values[0]) for layer in _layers(cache)]
 
     def _step(self, batch: _Batch) -> _Batch | None:
@@ -620,7 +621,7 @@ class HFBackend(BackendBase):
             input_ids=tok[:, None],
             attention_mask=self._step_mask(batch.mask),
             position_ids=batch.next_pos,
-            past_key_values=batch.cache,
+            **cache_kwargs(batch.cache),
         )  # (b, V)
         batch.next_pos = batch.next_pos + 1
         return batch
