@@ -143,16 +143,20 @@ def sampler_ratio_stats(
     the same gap in vLLM vs FSDP; :func:`truncated_is_weights` corrects for it). An empty mask
     gives ``tokens = 0`` and no statistics.
     """
-    on = mask > 0
-    rho = torch.exp((trainer_logprobs.detach() - sampler_logprobs.detach()).double()[on])  # (N,)
-    if rho.numel() == 0:
+    on = mask > 0  # (B, T)
+    rho = torch.exp((trainer_logprobs.detach() - sampler_logprobs.detach()).double())  # (B, T)
+    n = on.sum()
+    stats = torch.stack(
+        [
+            torch.where(on, rho, 0.0).sum() / n.clamp(min=1),
+            torch.where(on, rho, torch.inf).min(),
+            torch.where(on, rho, -torch.inf).max(),
+            n.double(),
+        ]
+    ).tolist()  # one device-to-host transfer: masked reductions, no boolean indexing
+    if stats[3] == 0:
         return {"tokens": 0.0}
-    return {
-        "mean": float(rho.mean()),
-        "min": float(rho.min()),
-        "max": float(rho.max()),
-        "tokens": float(rho.numel()),
-    }
+    return dict(zip(("mean", "min", "max", "tokens"), stats, strict=True))
 
 
 def truncated_is_weights(
