@@ -132,6 +132,12 @@ class Arm:
         self.wall_min = json.loads(wall.read_text())["wall_min"] if wall.is_file() else None
 
 
+def difference_cells(c: PairedComparison) -> str:
+    """``difference [95% CI] | p`` of one paired comparison, in points."""
+    lo, hi = c.ci95
+    return f"{100 * c.difference:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] | {c.p_value:.2g}"
+
+
 def table(rows: list[tuple[str, Arm]], pooled: PairedComparison | None) -> str:
     head = (
         "| arm | machine | warm start | after RL | difference [95% CI] | p | curve during RL | wall |\n"
@@ -140,22 +146,20 @@ def table(rows: list[tuple[str, Arm]], pooled: PairedComparison | None) -> str:
     lines = []
     for name, arm in rows:
         c = arm.cmp
-        lo, hi = c.ci95
         curve = " ".join(f"{acc:.2f}" for _, acc, _ in arm.curve) or "-"
         n_curve = arm.curve[0][2] if arm.curve else None
         lines.append(
             f"| {name} | {machine_label(arm.machine)} | {c.accuracy_a:.3f} | {c.accuracy_b:.3f} | "
-            f"{100 * c.difference:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] | {c.p_value:.2g} | "
+            f"{difference_cells(c)} | "
             f"{curve}{f' (n={n_curve})' if n_curve else ''} | "
             f"{f'{arm.wall_min:.0f} min' if arm.wall_min else '-'} |"
         )
     if pooled is not None:
-        lo, hi = pooled.ci95
         machines = {machine_label(arm.machine) for _, arm in rows}
         where = machines.pop() if len(machines) == 1 else "several"
         lines.append(
             f"| **pooled** ({len(rows)} arms, n={pooled.n}) | {where} | {pooled.accuracy_a:.3f} | {pooled.accuracy_b:.3f} | "
-            f"{100 * pooled.difference:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] | {pooled.p_value:.2g} | | |"
+            f"{difference_cells(pooled)} | | |"
         )
     return head + "\n".join(lines)
 
@@ -174,10 +178,9 @@ def versus_short(rows: list[tuple[str, Arm]], short: dict[str, Arm]) -> str:
             continue
         shared = [t for t in arm.final.per_task if t in base.final.per_task]
         c = paired_difference(base.final.outcomes(shared), arm.final.outcomes(shared))
-        lo, hi = c.ci95
         lines.append(
             f"| {name} | {c.accuracy_a:.3f} (step {base.final.step}) | {c.accuracy_b:.3f} (step {arm.final.step}) | "
-            f"{100 * c.difference:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] | {c.p_value:.2g} |"
+            f"{difference_cells(c)} |"
         )
     return head + "\n".join(lines) if lines else ""
 
