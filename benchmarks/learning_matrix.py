@@ -7,10 +7,14 @@ in every seed and on every numeric path, and does it hold when the run is longer
         --precision fp32 bf16                            # print the table of the arms already run
     python -m benchmarks.learning_matrix ... --steps 15  # the 5x-longer arms of the same recipe, each
                                                          # also paired with its config-length arm
+    python -m benchmarks.learning_matrix ... --steps 15 --label anchored \
+        --set train.lr_schedule=cosine --set algorithm.kl_coef=0.05  # a recipe variant, in arms of its
+                                                         # own name, paired with the config's arms
 
 An arm is the README's main job, unchanged but for its seed and precision: ``flowgrpo train CONFIG
 --set train.seed=S --set model.autocast=... --eval-n N`` in a process of its own, writing
-``ROOT/<config>/<precision>-seed<S>[-steps<K>]/``. ``train.seed`` reseeds the warm start too (its
+``ROOT/<config>/<precision>-seed<S>[-steps<K>][-<label>]/``: ``--label`` names a recipe variant (its
+``--set`` overrides), so its arms never overwrite or stand in for the config's own. ``train.seed`` reseeds the warm start too (its
 demonstration order and its sampling), so each arm is compared with its own warm start, on the same
 held-out tasks (greedy), by an exact McNemar test. The pooled row concatenates the paired outcomes
 of every arm of a config: under "RL changes nothing" each discordant pair is a fair coin in every
@@ -79,8 +83,8 @@ def machine_label(m: dict[str, Any]) -> str:
     return f"{m.get('cores')}-core CPU ({native})"
 
 
-def arm_name(precision: str, seed: int, steps: int | None) -> str:
-    return f"{precision}-seed{seed}" + (f"-steps{steps}" if steps else "")
+def arm_name(precision: str, seed: int, steps: int | None, label: str | None = None) -> str:
+    return f"{precision}-seed{seed}" + (f"-steps{steps}" if steps else "") + (f"-{label}" if label else "")
 
 
 def run_arm(
@@ -165,10 +169,11 @@ def table(rows: list[tuple[str, Arm]], pooled: PairedComparison | None) -> str:
 
 
 def versus_short(rows: list[tuple[str, Arm]], short: dict[str, Arm]) -> str:
-    """Each longer arm's final checkpoint against the final checkpoint of its config-length run
-    (same seed and precision), paired on the tasks both evaluated: is more RL worse?"""
+    """Each longer (or relabelled) arm's final checkpoint against the final checkpoint of the config's
+    own run (its steps, no label; same seed and precision), paired on the tasks both evaluated: is more
+    RL, or the variant, worse than what the config gives?"""
     head = (
-        "| arm | config's steps: after RL | longer: after RL | difference [95% CI] | p |\n"
+        "| arm | config's run: after RL | this arm: after RL | difference [95% CI] | p |\n"
         "|---|---|---|---|---|\n"
     )
     lines = []
@@ -198,6 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--root", default="runs/matrix")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument(
+        "--label",
+        default=None,
+        help="name of the recipe variant the --set overrides make; appended to its arms' names",
+    )
     ap.add_argument("--run", action="store_true", help="run the arms that have no final evaluation yet")
     args = ap.parse_args(argv)
 
@@ -206,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     missing: list[str] = []
     for precision in args.precision:
         for seed in args.seeds:
-            name = arm_name(precision, seed, args.steps)
+            name = arm_name(precision, seed, args.steps, args.label)
             out = base / name
             try:
                 rows.append((name, Arm(out)))
@@ -227,14 +237,16 @@ def main(argv: list[str] | None = None) -> int:
         pooled = paired_difference([x for _, r in rows for x in r.a], [x for _, r in rows for x in r.b])
     print(f"{args.config}: warm start vs after RL, greedy, paired on the same held-out tasks\n")
     print(table(rows, pooled))
-    if args.steps:
+    if args.steps or args.label:
         short: dict[str, Arm] = {}
         for precision in args.precision:
             for seed in args.seeds:
                 with contextlib.suppress(OSError, ValueError):
-                    short[arm_name(precision, seed, args.steps)] = Arm(base / arm_name(precision, seed, None))
+                    name = arm_name(precision, seed, args.steps, args.label)
+                    short[name] = Arm(base / arm_name(precision, seed, None))
         if vs := versus_short(rows, short):
-            print(f"\nthe {args.steps}-step arms against the config's length, final vs final, same tasks\n")
+            what = " ".join(filter(None, [f"{args.steps}-step" if args.steps else "", args.label]))
+            print(f"\nthe {what} arms against the config's own run, final vs final, same tasks\n")
             print(vs)
     if missing:
         print(f"\nnot run yet: {', '.join(missing)} (add --run)")

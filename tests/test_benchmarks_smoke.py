@@ -272,7 +272,17 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(tmp_pa
     arm("fp32-seed0-steps15", [1, 0, 0, 0, 1, 1], [1, 1, 1, 1, 1, 1], final_step=15)
     assert main(["--seeds", "0", "--steps", "15", "--root", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    vs = out.split("against the config's length")[1]
+    vs = out.split("against the config's own run")[1]
     row = next(r for r in vs.splitlines() if r.startswith("| fp32-seed0-steps15")).split(" | ")
     assert row[1:4] == ["0.833 (step 3)", "1.000 (step 15)", row[3]] and row[3].startswith("+16.7 [")
     assert row[4] == "1 |"  # one task fixed, none broken: exact McNemar p = 1
+
+    # --label: a recipe variant's arm has a name of its own and is paired with the config's run
+    arm("fp32-seed0-steps15-anchored", [1, 0, 0, 0, 1, 1], [0, 1, 1, 0, 0, 0], final_step=15)
+    assert main(["--seeds", "0", "--steps", "15", "--label", "anchored", "--root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| fp32-seed0-steps15-anchored |" in out and "| fp32-seed0-steps15 |" not in out
+    vs = out.split("the 15-step anchored arms against the config's own run")[1]
+    row = next(r for r in vs.splitlines() if r.startswith("| fp32-seed0-steps15-anchored")).split(" | ")
+    assert row[1:3] == ["0.833 (step 3)", "0.333 (step 15)"] and row[3].startswith("-50.0 [")
+    assert row[4] == "0.25 |"  # three tasks broken, none fixed: exact McNemar p = 2 / 8
