@@ -47,9 +47,7 @@ import socket
 import threading
 import time
 import uuid
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -60,118 +58,21 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from flowgrpo.chat.format import ChatFormat
-from flowgrpo.chat.openai_messages import (
-    OpenAIFormatError,
-    SchemaTool,
-    as_rendered,
-    assistant_message,
-    messages_from_openai,
-    tools_from_openai,
-)
+from flowgrpo.chat.openai_messages import OpenAIFormatError, SchemaTool
 from flowgrpo.chat.parsing import HermesParser
-from flowgrpo.gateway.openai_request import (
-    Endpoint,
-    cut_at_stop,
-    stop_strings,
-    unsupported_message,
-    unsupported_params,
-)
+from flowgrpo.gateway.agent_chat import AgentChat
+from flowgrpo.gateway.errors import BadRequest, GatewayError, http_error
 from flowgrpo.gateway.recorder import EpisodeRecorder, RecordingError, check_id
+from flowgrpo.gateway.rwlock import AsyncReadWriteLock
+from flowgrpo.gateway.sampling import accepted_stops, chat_logprobs_k, sampling_params, stopped, usage
 from flowgrpo.modeling.weightsync import WeightSyncError, load_weights
 from flowgrpo.rollout.backends.base import GenerationResult, RolloutBackend, SamplingParams
 from flowgrpo.rollout.backends.hf import HFBackend
-from flowgrpo.types import Message, ParsedAction, Termination
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_REQUEST_BYTES = 8 * 2**20
 """8 MiB: a long agent conversation with tool schemas is well under it; a runaway client is not."""
-
-
-class GatewayError(Exception):
-    """A request the server refuses: HTTP ``status`` with an OpenAI-style error body."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | int | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code if code is not None else status
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-class BadRequest(GatewayError):
-    """A 400: the request asks for something malformed or not implemented; the message says what."""
-
-    def __init__(self, message: str, *, param: str | None = None) -> None:
-        super().__init__(400, message, param=param)
-
-
-def _accepted_stops(body: dict[str, Any], endpoint: Endpoint) -> list[str]:
-    """Refuse (400) a request that asks for something not implemented; return its stop strings."""
-    names = unsupported_params(body, endpoint)
-    if names:
-        raise BadRequest(unsupported_message(names, endpoint), param=names[0])
-    try:
-        return stop_strings(body)
-    except ValueError as e:
-        raise BadRequest(str(e), param="stop") from e
-
-
-def _stopped(r: GenerationResult, decode: Any, stops: list[str]) -> tuple[GenerationResult, str]:
-    """The result cut at its first stop string (finish reason ``stop``) and its text."""
-    cut = cut_at_stop(r.token_ids, decode, stops)
-    if cut is None:
-        return r, decode(r.token_ids)
-    k, text = cut
-    update = {"token_ids": r.token_ids[:k], "logprobs": r.logprobs[:k], "finish_reason": "stop"}
-    return r.model_copy(update=update), text
-
-
-def sampling_params(body: dict[str, Any], default_stop: list[int]) -> SamplingParams:
-    """The request's sampling settings (OpenAI names; vLLM's ``top_k`` and ``stop_token_ids``)."""
-    try:
-        n = int(body.get("n", 1))
-        if not 1 <= n <= 64:
-            raise ValueError("'n' must be from 1 to 64")
-        return SamplingParams(
-            temperature=float(body.get("temperature", 1.0)),
-            top_p=float(body.get("top_p", 1.0)),
-            top_k=max(0, int(body.get("top_k", 0) or 0)),
-            max_new_tokens=int(body.get("max_tokens") or body.get("max_completion_tokens") or 16),
-            stop_token_ids=list(body.get("stop_token_ids") or default_stop),
-            seed=body.get("seed"),
-        )
-    except (ValueError, TypeError) as e:
-        raise BadRequest(f"bad sampling parameters: {e}") from e
-
-
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-
-
-async def _http_error(request: Request, exc: Exception) -> JSONResponse:
-    """Starlette's own refusals (an unknown path, a wrong method) as OpenAI-style bodies too."""
-    status = exc.status_code if isinstance(exc, HTTPException) else 500
-    message = (
-        f"unknown path {request.url.path}" if status == 404 else f"{request.method} {request.url.path}: {exc}"
-    )
-    return JSONResponse(GatewayError(status, message).body(), status_code=status)
 
 
 class RewardPost(BaseModel):
@@ -182,47 +83,6 @@ class RewardPost(BaseModel):
     breakdown: dict[str, float] = Field(default_factory=dict)
     task_id: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
-
-
-def _rendered(messages: list[Message], chat: ChatFormat, parser: HermesParser) -> list[Message]:
-    return as_rendered(messages, parser, native_tool_calls=chat.native_tools)
-
-
-class AsyncReadWriteLock:
-    """Many readers (completion requests) or one writer (a weight load) at a time, on one event
-    loop; a waiting writer holds back new readers, so a load is not starved by a stream of requests."""
-
-    def __init__(self) -> None:
-        self._cv = asyncio.Condition()
-        self._readers = 0
-        self._writer = False
-        self._writers_waiting = 0
-
-    @asynccontextmanager
-    async def reading(self) -> AsyncIterator[None]:
-        async with self._cv:
-            await self._cv.wait_for(lambda: not self._writer and not self._writers_waiting)
-            self._readers += 1
-        try:
-            yield
-        finally:
-            async with self._cv:
-                self._readers -= 1
-                self._cv.notify_all()
-
-    @asynccontextmanager
-    async def writing(self) -> AsyncIterator[None]:
-        async with self._cv:
-            self._writers_waiting += 1
-            await self._cv.wait_for(lambda: not self._writer and not self._readers)
-            self._writers_waiting -= 1
-            self._writer = True
-        try:
-            yield
-        finally:
-            async with self._cv:
-                self._writer = False
-                self._cv.notify_all()
 
 
 Handler = Callable[[Request], Awaitable[dict[str, Any]]]
@@ -261,7 +121,7 @@ class PolicyServer:
         None for a backend that only samples."""
         self.recorder = recorder
         self.parser = HermesParser()
-        self._formats: OrderedDict[str, ChatFormat] = OrderedDict()
+        self._agents = AgentChat(self)
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.api_key = api_key or None
@@ -281,7 +141,7 @@ class PolicyServer:
         self._sock.listen(512)
         self._sock.setblocking(False)
         self.server_address = self._sock.getsockname()[:2]
-        self.app = Starlette(routes=self.routes(), exception_handlers={HTTPException: _http_error})
+        self.app = Starlette(routes=self.routes(), exception_handlers={HTTPException: http_error})
         if host not in ("127.0.0.1", "::1", "localhost") and self.api_key is None:
             log.warning(
                 "serving on %s without an api key: anyone who can reach this address can use the "
@@ -417,7 +277,7 @@ class PolicyServer:
             results = await self.backend.generate(prompts, params)
         return results, version
 
-    async def _top_logprobs(self, prompt: list[int], token_ids: list[int], k: int) -> list[dict[str, Any]]:
+    async def top_logprobs(self, prompt: list[int], token_ids: list[int], k: int) -> list[dict[str, Any]]:
         from flowgrpo.gateway.toplogprobs import top_logprobs_content
 
         model = self._local_model("top logprobs")
@@ -430,7 +290,7 @@ class PolicyServer:
         return self.model
 
     async def completions(self, body: dict[str, Any]) -> dict[str, Any]:
-        stops = _accepted_stops(body, "completions")
+        stops = accepted_stops(body, "completions")
         k_top = body.get("logprobs")
         if k_top is not None and (
             not isinstance(k_top, int) or isinstance(k_top, bool) or not 0 <= k_top <= 20
@@ -463,7 +323,7 @@ class PolicyServer:
         n = int(body.get("n", 1))
         ids = [p for p in ids for _ in range(n)]
         results, version = await self.generate(ids, params)
-        cut = [_stopped(r, self._decoder(body), stops) for r in results]
+        cut = [stopped(r, self._decoder(body), stops) for r in results]
         results = [r for r, _ in cut]
         want_lp = body.get("logprobs") is not None
         as_ids = bool(body.get("return_tokens_as_token_ids"))
@@ -485,7 +345,7 @@ class PolicyServer:
                 )
                 choice["logprobs"] = {"tokens": tokens, "token_logprobs": r.logprobs}
                 if k_top:  # the model's own top-k per position (log-softmax of the logits)
-                    content = await self._top_logprobs(ids[i], r.token_ids, k_top)
+                    content = await self.top_logprobs(ids[i], r.token_ids, k_top)
                     choice["logprobs"]["top_logprobs"] = [
                         {alt["token"]: alt["logprob"] for alt in c["top_logprobs"]} for c in content
                     ]
@@ -497,25 +357,13 @@ class PolicyServer:
             "model": self.model_name,
             "policy_version": version,
             "choices": choices,
-            "usage": _usage(sum(len(p) for p in ids), sum(len(r.token_ids) for r in results)),
+            "usage": usage(sum(len(p) for p in ids), sum(len(r.token_ids) for r in results)),
         }
-
-    def _chat_logprobs_k(self, body: dict[str, Any]) -> int | None:
-        """``top_logprobs`` when the request asks for logprobs (None when it does not)."""
-        k = body.get("top_logprobs")
-        if k is not None and not body.get("logprobs"):
-            raise BadRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
-        if not body.get("logprobs"):
-            return None
-        k = k or 0
-        if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= 20:
-            raise BadRequest("'top_logprobs' must be an integer from 0 to 20", param="top_logprobs")
-        return k
 
     async def chat_completions(self, body: dict[str, Any], request: Request | None = None) -> dict[str, Any]:
         """Chat. A request with ``tools`` or one that belongs to a recorded episode goes through the
         chat layer (:meth:`agent_chat`); any other is text mode, rendered as it is."""
-        episode = self._episode_of(body, request)
+        episode = self._agents.episode_of(body, request)
         if episode is not None or body.get("tools") or body.get("tool_choice") is not None:
             return await self.agent_chat(body, episode)
         return await self.text_chat(body)
@@ -523,11 +371,11 @@ class PolicyServer:
     async def text_chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """Text-mode chat: the messages rendered with the model's chat template as they are (for
         evaluation and judging)."""
-        stops = _accepted_stops(body, "chat")
+        stops = accepted_stops(body, "chat")
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise BadRequest("'messages' must be a non-empty list of {role, content}", param="messages")
-        k = self._chat_logprobs_k(body)
+        k = chat_logprobs_k(body)
         try:
             text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except Exception as e:
@@ -536,7 +384,7 @@ class PolicyServer:
         n = int(body.get("n", 1))
         params = sampling_params(body, self.default_stop)
         results, version = await self.generate([ids] * n, params)
-        cut = [_stopped(r, self._decoder(body), stops) for r in results]
+        cut = [stopped(r, self._decoder(body), stops) for r in results]
         results = [r for r, _ in cut]
         choices: list[dict[str, Any]] = [
             {
@@ -548,7 +396,7 @@ class PolicyServer:
         ]
         if k is not None:  # each generated token's logprob, with its top k alternatives
             for choice, r in zip(choices, results, strict=True):
-                choice["logprobs"] = {"content": await self._top_logprobs(ids, r.token_ids, k)}
+                choice["logprobs"] = {"content": await self.top_logprobs(ids, r.token_ids, k)}
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex[:16]}",
             "object": "chat.completion",
@@ -556,176 +404,19 @@ class PolicyServer:
             "model": self.model_name,
             "policy_version": version,
             "choices": choices,
-            "usage": _usage(len(ids) * n, sum(len(r.token_ids) for r in results)),
+            "usage": usage(len(ids) * n, sum(len(r.token_ids) for r in results)),
         }
 
     # ----------------------------------------------------------------- agents: tools and recording
-    def _episode_of(self, body: dict[str, Any], request: Request | None) -> tuple[str, str, str] | None:
-        """``(episode id, task id, group id)`` of a request to record (the path's
-        ``/episodes/ID/v1``, the ``X-Episode-Id`` header or the ``user`` field; the task from
-        ``X-Task-Id`` or ``metadata.task_id``); None when not recording or no id was sent."""
-        if self.recorder is None:
-            return None
-        headers = request.headers if request is not None else {}
-        params = request.path_params if request is not None else {}
-        meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
-        episode = params.get("episode_id") or headers.get("x-episode-id") or meta.get("episode_id")
-        if episode is None and isinstance(body.get("user"), str) and body["user"]:
-            episode = body["user"]
-        if episode is None:
-            return None
-        task = headers.get("x-task-id") or meta.get("task_id") or ""
-        group = headers.get("x-group-id") or meta.get("group_id") or ""
-        return check_id(episode, "the episode id"), task, group
-
     def chat_format(self, tools: list[SchemaTool]) -> tuple[ChatFormat, str]:
         """The chat layer for these tools (cached by their schemas) and its key."""
-        key = json.dumps([[t.name, t.description, t.parameters] for t in tools], sort_keys=True)
-        chat = self._formats.get(key)
-        if chat is None:
-            chat = ChatFormat(self.tokenizer, tools=tools, parser=self.parser)
-            self._formats[key] = chat
-            if len(self._formats) > 64:
-                self._formats.popitem(last=False)
-        else:
-            self._formats.move_to_end(key)
-        return chat, key
+        return self._agents.chat_format(tools)
 
     async def agent_chat(self, body: dict[str, Any], episode: tuple[str, str, str] | None) -> dict[str, Any]:
-        """Chat through the chat layer: ``tools`` rendered as an environment's are, ``tool``
-        messages as observations, the model's output parsed by the environments' parser into
-        ``tool_calls``; with an episode id the turn is recorded token-exactly."""
-        stops = _accepted_stops(body, "chat")
-        k = self._chat_logprobs_k(body)
-        choice = body.get("tool_choice")
-        if choice not in (None, "auto", "none"):
-            raise BadRequest(
-                "'tool_choice' may be 'auto' or 'none': the model decides which tool to call "
-                "(a forced tool call would not be what the policy sampled)",
-                param="tool_choice",
-            )
-        tools = tools_from_openai(body.get("tools"))
-        messages = messages_from_openai(body.get("messages"))
-        chat, key = self.chat_format(tools)
-        with_tools = bool(tools) and choice != "none"
-        limits = self.recorder.limits if self.recorder is not None else None
-        cap = limits.max_new_tokens if limits is not None else 512
-        asked = body.get("max_tokens") or body.get("max_completion_tokens") or cap
-        params = sampling_params({**body, "max_tokens": asked}, list(chat.end_of_turn_ids))
-        if episode is None:
-            rendered = chat.prompt_messages(_rendered(messages, chat, self.parser))
-            ids = chat.initial_ids(rendered)
-            n = int(body.get("n", 1))
-            results, version = await self.generate([ids] * n, params)
-            out = self._agent_response(body, chat, ids, results, version, stops, with_tools, k, None)
-            await self._finish_logprobs(out, ids, k)
-            return out
-        if int(body.get("n", 1)) != 1:
-            raise BadRequest("a recorded episode samples one answer per request: 'n' must be 1", param="n")
-        assert self.recorder is not None and limits is not None
-        episode_id, task_id, group_id = episode
-        ep = self.recorder.open(episode_id, task_id=task_id, group_id=group_id)
-        async with ep.lock:
-            if ep.closed:
-                raise RecordingError(f"episode {episode_id!r} has ended", status=409, code="episode_closed")
-            if len(ep.traj.turns) >= limits.max_turns:
-                ep.traj.termination = Termination.max_turns
-                raise RecordingError(
-                    f"episode {episode_id!r} reached max_turns={limits.max_turns} model calls; post its "
-                    "reward (the server's recorder limits)",
-                    code="episode_too_long",
-                )
-            ids, resets = ep.prepare(chat, key, messages)
-            full = ep.full_prompt(ids, resets)
-            room = limits.max_context_tokens - len(full)
-            if room < 1:
-                ep.traj.termination = Termination.context_overflow
-                raise RecordingError(
-                    f"episode {episode_id!r} would exceed max_context_tokens={limits.max_context_tokens}; "
-                    "post its reward",
-                    code="context_length_exceeded",
-                )
-            update: dict[str, Any] = {
-                "max_new_tokens": min(params.max_new_tokens, limits.max_new_tokens, room)
-            }
-            if self.sampling is not None:
-                update.update(
-                    temperature=self.sampling.temperature,
-                    top_p=self.sampling.top_p,
-                    top_k=self.sampling.top_k,
-                )
-            params = params.model_copy(update=update)
-            results, version = await self.generate([full], params)
-            out = self._agent_response(body, chat, full, results, version, stops, with_tools, k, episode_id)
-            r, parsed = out.pop("_recorded")
-            reply = out["choices"][0]["message"]
-            ep.record(
-                chat=chat,
-                chat_key=key,
-                messages=messages,
-                prompt_ids=ids,
-                resets=resets,
-                result=r,
-                parsed=parsed,
-                reply=messages_from_openai([reply])[0],
-                version=version,
-            )
-            if r.finish_reason == "length" and params.max_new_tokens == room:
-                ep.traj.termination = Termination.context_overflow
-        await self._finish_logprobs(out, full, k)
-        return out
-
-    def _agent_response(
-        self,
-        body: dict[str, Any],
-        chat: ChatFormat,
-        ids: list[int],
-        results: list[GenerationResult],
-        version: int,
-        stops: list[str],
-        with_tools: bool,
-        k: int | None,
-        episode_id: str | None,
-    ) -> dict[str, Any]:
-        decode = chat.decode
-        choices: list[dict[str, Any]] = []
-        recorded: tuple[GenerationResult, ParsedAction] | None = None
-        for i, raw in enumerate(results):
-            r, _ = _stopped(raw, decode, stops)
-            eot = bool(r.token_ids) and r.token_ids[-1] in chat.end_of_turn_ids
-            text = decode(r.token_ids[:-1] if eot else r.token_ids)
-            parsed = self.parser.parse(text)
-            message = assistant_message(parsed, self.parser, with_tools=with_tools)
-            finish = "tool_calls" if message.get("tool_calls") else r.finish_reason
-            choices.append(
-                {
-                    "index": i,
-                    "message": message,
-                    "finish_reason": finish,
-                    "token_ids": r.token_ids,
-                    "policy_version": version,
-                }
-            )
-            recorded = recorded or (r, parsed)
-        out: dict[str, Any] = {
-            "id": f"chatcmpl-{uuid.uuid4().hex[:16]}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self.model_name,
-            "policy_version": version,
-            "choices": choices,
-            "usage": _usage(len(ids) * len(results), sum(len(c["token_ids"]) for c in choices)),
-        }
-        if episode_id is not None:
-            out["episode_id"] = episode_id
-            out["_recorded"] = recorded
-        return out
-
-    async def _finish_logprobs(self, out: dict[str, Any], ids: list[int], k: int | None) -> None:
-        if k is None:
-            return
-        for choice in out["choices"]:
-            choice["logprobs"] = {"content": await self._top_logprobs(ids, choice["token_ids"], k)}
+        """Chat through the chat layer (:class:`~flowgrpo.gateway.agent_chat.AgentChat`): ``tools``
+        rendered as an environment's are, ``tool`` messages as observations, ``tool_calls`` parsed;
+        with an episode id the turn is recorded token-exactly."""
+        return await self._agents.chat(body, episode)
 
     async def _reward(self, request: Request) -> dict[str, Any]:
         """``POST /v1/episodes/{id}/reward`` ``{"reward": R, "breakdown": {...}, "task_id": ...}``:
@@ -883,11 +574,8 @@ FlowGRPOServer = PolicyServer
 """The name this class had when it ran on ``http.server``."""
 
 __all__ = [
-    "BadRequest",
     "FlowGRPOServer",
-    "GatewayError",
     "PolicyServer",
     "make_server",
-    "sampling_params",
     "serve_in_thread",
 ]
