@@ -57,8 +57,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from flowgrpo.chat.format import ChatFormat
-from flowgrpo.chat.openai_messages import OpenAIFormatError, SchemaTool
+from flowgrpo.chat.openai_messages import OpenAIFormatError
 from flowgrpo.chat.parsing import HermesParser
 from flowgrpo.gateway.agent_chat import AgentChat
 from flowgrpo.gateway.errors import BadRequest, GatewayError, http_error
@@ -362,10 +361,11 @@ class PolicyServer:
 
     async def chat_completions(self, body: dict[str, Any], request: Request | None = None) -> dict[str, Any]:
         """Chat. A request with ``tools`` or one that belongs to a recorded episode goes through the
-        chat layer (:meth:`agent_chat`); any other is text mode, rendered as it is."""
+        chat layer (:meth:`AgentChat.chat <flowgrpo.gateway.agent_chat.AgentChat.chat>`); any other
+        is text mode, rendered as it is."""
         episode = self._agents.episode_of(body, request)
         if episode is not None or body.get("tools") or body.get("tool_choice") is not None:
-            return await self.agent_chat(body, episode)
+            return await self._agents.chat(body, episode)
         return await self.text_chat(body)
 
     async def text_chat(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -406,17 +406,6 @@ class PolicyServer:
             "choices": choices,
             "usage": usage(len(ids) * n, sum(len(r.token_ids) for r in results)),
         }
-
-    # ----------------------------------------------------------------- agents: tools and recording
-    def chat_format(self, tools: list[SchemaTool]) -> tuple[ChatFormat, str]:
-        """The chat layer for these tools (cached by their schemas) and its key."""
-        return self._agents.chat_format(tools)
-
-    async def agent_chat(self, body: dict[str, Any], episode: tuple[str, str, str] | None) -> dict[str, Any]:
-        """Chat through the chat layer (:class:`~flowgrpo.gateway.agent_chat.AgentChat`): ``tools``
-        rendered as an environment's are, ``tool`` messages as observations, ``tool_calls`` parsed;
-        with an episode id the turn is recorded token-exactly."""
-        return await self._agents.chat(body, episode)
 
     async def _reward(self, request: Request) -> dict[str, Any]:
         """``POST /v1/episodes/{id}/reward`` ``{"reward": R, "breakdown": {...}, "task_id": ...}``:
