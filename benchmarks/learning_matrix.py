@@ -13,12 +13,13 @@ in every seed and on every numeric path, and does it hold when the run is longer
 
 An arm is the README's main job, unchanged but for its seed and precision: ``flowgrpo train CONFIG
 --set train.seed=S --set model.autocast=... --eval-n N`` in a process of its own, writing
-``ROOT/<config>/<precision>-seed<S>[-steps<K>][-<label>]/``: ``--label`` names a recipe variant (its
-``--set`` overrides), so its arms never overwrite or stand in for the config's own. ``train.seed`` reseeds the warm start too (its
-demonstration order and its sampling), so each arm is compared with its own warm start, on the same
-held-out tasks (greedy), by an exact McNemar test. The pooled row concatenates the paired outcomes
-of every arm of a config: under "RL changes nothing" each discordant pair is a fair coin in every
-arm, so the pooled McNemar test is valid across arms with different warm starts.
+``ROOT/<config>/<precision>-seed<S>[-steps<K>][-<label>]/``: ``--label`` names a recipe variant
+(its ``--set`` overrides), so its arms never overwrite or stand in for the config's own.
+``train.seed`` reseeds the warm start too (its demonstration order and its sampling), so each arm is
+compared with its own warm start, on the same held-out tasks (greedy), by an exact McNemar test.
+The pooled row concatenates the paired outcomes of every arm of a config: under "RL changes
+nothing" each discordant pair is a fair coin in every arm, so the pooled McNemar test is valid
+across arms with different warm starts.
 
 Every arm records the machine it ran on (CPU model and flags, GPU, torch) in ``machine.json``; the
 table names it per row. Compare an arm only with its own warm start and with arms of the same machine.
