@@ -1,11 +1,17 @@
-"""Curriculum: pass-rate task sampling, difficulty stages by step, and exact resume of both."""
+"""Curriculum: pass-rate and stratified task sampling, difficulty stages by step, and exact resume."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from flowgrpo.algorithms.curriculum import PassRateSampler, TaskStream, pass_rate_weight
+from flowgrpo.algorithms.curriculum import (
+    PassRateSampler,
+    StratifiedStream,
+    TaskStream,
+    make_sampler,
+    pass_rate_weight,
+)
 from flowgrpo.config import ConfigError, load_config
 from flowgrpo.env import register
 from flowgrpo.runs.rundir import RunDir
@@ -95,6 +101,50 @@ def test_a_new_stage_restarts_the_stream_and_the_same_stage_keeps_its_place():
     p.observe([group("t0", [1])])
     p.set_tasks(tasks(2), stage=0)
     assert p.history == {} and p.stage == 0
+
+
+def typed(kinds: str) -> list[Task]:
+    """One task per character, its metadata ``kind`` the character: ``typed("aab")``."""
+    return [Task(id=f"{k}{i}", prompt=str(i), metadata={"kind": k}) for i, k in enumerate(kinds)]
+
+
+def test_stratified_draws_take_turns_over_the_values():
+    s = StratifiedStream(typed("aaaaab"), seed=0, key="kind")  # 5 a, 1 b
+    step = s.next(6)
+    assert [t.metadata["kind"] for t in step] == list("ababab")  # 3 + 3, however lopsided the list
+    assert [t.id for t in step[1::2]] == ["b5"] * 3  # the lone b comes round every other draw
+    assert len({t.id for t in step[0::2]}) == 3  # a's stream: distinct within its epoch
+    odd = s.next(3) + s.next(3)  # an odd step leaves the turn where it stopped: a b a, then b a b
+    assert [t.metadata["kind"] for t in odd] == list("ababab")
+    a_ids = [t.id for t in step[0::2] + odd[0::2]]
+    assert sorted(a_ids[:5]) == ["a0", "a1", "a2", "a3", "a4"]  # one pass over a's five tasks
+
+
+def test_stratified_state_resumes_exactly_and_a_new_stage_restarts():
+    a = StratifiedStream(typed("aabbbc"), seed=4, key="kind")
+    a.next(5)
+    state = a.state_dict()
+    b = StratifiedStream(typed("aabbbc"), seed=4, key="kind")
+    b.load_state_dict(state)
+    assert [t.id for t in a.next(7)] == [t.id for t in b.next(7)]
+    b.set_tasks(typed("aabbbc"), stage=-1)  # the same stage: the place is kept
+    assert b.state_dict() == a.state_dict()
+    b.set_tasks(typed("xy"), stage=0)
+    assert b.state_dict()["drawn"] == 0 and [t.id for t in b.next(2)] == ["x0", "y1"]
+    with pytest.raises(ValueError, match=r"same curriculum\.sampler and curriculum\.stratify_by"):
+        StratifiedStream(typed("ab"), 0, "kind").load_state_dict(TaskStream(tasks(2), 0).state_dict())
+    with pytest.raises(ValueError, match=r"stratify_by"):
+        TaskStream(tasks(2), 0).load_state_dict(state)
+
+
+def test_stratify_by_names_a_field_every_task_carries():
+    with pytest.raises(ValueError, match=r"training task 't0' has no metadata field 'kind' \(it has \[\]\)"):
+        StratifiedStream(tasks(2), 0, "kind")
+    cfg = load_config(None, ["curriculum.stratify_by=kind"]).curriculum
+    assert isinstance(make_sampler(cfg, typed("ab"), 0), StratifiedStream)
+    assert isinstance(make_sampler(load_config(None, []).curriculum, typed("ab"), 0), TaskStream)
+    with pytest.raises(ConfigError, match=r"with curriculum\.sampler=pass_rate drop stratify_by"):
+        load_config(None, ["curriculum.sampler=pass_rate", "curriculum.stratify_by=kind"])
 
 
 def test_config_validation():

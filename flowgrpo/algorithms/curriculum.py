@@ -1,5 +1,6 @@
-"""Which training tasks a step draws: a uniform stream, or a curriculum that favours tasks the
-policy sometimes solves, and environment difficulty scheduled by step.
+"""Which training tasks a step draws: a uniform stream, a stream balanced over a metadata field,
+or a curriculum that favours tasks the policy sometimes solves, and environment difficulty
+scheduled by step.
 
 A group whose G episodes all pass or all fail has equal rewards and gives no gradient under group
 baselines (GRPO; DAPO's dynamic sampling drops such groups). The expected learning signal of a
@@ -8,6 +9,12 @@ task with pass rate ``p`` is largest at ``p = 1/2``: the variance of a Bernoulli
 Learnability*) sample by. :class:`PassRateSampler` keeps each task's recent pass rate and draws
 tasks with weight ``max(p (1 - p), floor)``, unseen tasks at the maximum ``1/4``, so tasks with
 ``0 < p < 1`` are favoured and solved or hopeless ones still come back now and then.
+
+A stratified stream (``curriculum.stratify_by``) gives every value of a task metadata field (e.g.
+``hops``: 1- and 2-hop questions) an equal share of each step. With a handful of tasks per step a
+uniform draw is often lopsided (6 tasks from a 50/50 mix hold 5 or 6 of one kind with probability
+14/64 = 0.22), and one Adam step on such a batch moves the policy toward what that kind needs and
+away from what the other needs: a seesaw between steps (docs/learning.md section 9.7).
 
 A difficulty schedule (``curriculum.difficulty``) rebuilds the environment with other keyword
 arguments from a given step on (e.g. ``arithmetic``'s ``difficulty: 2`` after step 50); the task
@@ -57,6 +64,11 @@ class CurriculumConfig(BaseModel):
     floor: float = Field(
         0.01, gt=0.0, le=UNSEEN_WEIGHT, description="pass_rate: the weight of a task with p = 0 or p = 1"
     )
+    stratify_by: str | None = Field(
+        None,
+        description="uniform: a task metadata field (e.g. hops) whose values take turns in every step's "
+        "draw, each value from its own reshuffled stream, so each step holds them in equal shares",
+    )
     difficulty: list[DifficultyStage] = Field(
         default_factory=list,
         description="stages [{from_step: N, env_kwargs: {...}}]: the environment's kwargs from step N on",
@@ -69,6 +81,11 @@ class CurriculumConfig(BaseModel):
             raise ValueError(
                 f"curriculum.difficulty stages must have strictly increasing from_step, got {steps}: "
                 "order them by step and give each step once"
+            )
+        if self.stratify_by is not None and self.sampler != "uniform":
+            raise ValueError(
+                f"curriculum.stratify_by balances the uniform stream; with curriculum.sampler={self.sampler} "
+                "drop stratify_by, or set curriculum.sampler=uniform"
             )
         return self
 
@@ -141,12 +158,74 @@ class TaskStream:
     def load_state_dict(self, s: dict[str, Any]) -> None:
         if "epoch" not in s:
             raise ValueError(
-                "the checkpoint's task stream is a pass-rate curriculum (curriculum.sampler=pass_rate); "
-                "resume it with the same curriculum.sampler"
+                "the checkpoint's task stream is not a plain uniform one (curriculum.sampler=pass_rate or "
+                "curriculum.stratify_by was set); resume it with the same curriculum.sampler and stratify_by"
             )
         self.epoch, self.pos = int(s["epoch"]), int(s["pos"])
         self.stage = int(s.get("stage", -1))  # checkpoints from before difficulty schedules
         self._order = self._shuffle()
+
+
+class StratifiedStream:
+    """An endless stream whose draws cycle through the values of ``task.metadata[key]``: the k-th
+    task drawn since the stage began comes from value ``k mod V`` (values in sorted order), each
+    value from its own :class:`TaskStream` over its tasks. A step of ``n`` tasks therefore holds
+    every value ``floor(n / V)`` or ``ceil(n / V)`` times, whatever the mix of the task list; a
+    value with fewer tasks comes round again sooner. Its state (draw count, stage, one stream state
+    per value) resumes exactly."""
+
+    def __init__(self, tasks: Sequence[Task], seed: int, key: str) -> None:
+        self.seed, self.key = seed, key
+        self.drawn = 0
+        self.stage = -1
+        self._split(tasks)
+
+    def _split(self, tasks: Sequence[Task]) -> None:
+        strata: dict[str, list[Task]] = {}
+        for t in _check(tasks):
+            if self.key not in t.metadata:
+                raise ValueError(
+                    f"curriculum.stratify_by={self.key!r}: training task {t.id!r} has no metadata field "
+                    f"{self.key!r} (it has {sorted(t.metadata)}); name a field every training task carries"
+                )
+            strata.setdefault(str(t.metadata[self.key]), []).append(t)
+        self.values = sorted(strata)
+        self.streams = [
+            TaskStream(strata[v], self.seed * 1_000_003 + 7919 * i) for i, v in enumerate(self.values)
+        ]
+
+    def next(self, n: int) -> list[Task]:
+        out = []
+        for _ in range(n):
+            out += self.streams[self.drawn % len(self.streams)].next(1)
+            self.drawn += 1
+        return out
+
+    def observe(self, groups: Sequence[TrajectoryGroup]) -> None:
+        """The stratified stream ignores outcomes."""
+
+    def set_tasks(self, tasks: Sequence[Task], stage: int) -> None:
+        """The task list of difficulty ``stage``; a new stage starts every value's stream afresh."""
+        kept = [s.state_dict() for s in self.streams] if stage == self.stage else None
+        self._split(tasks)
+        if kept is None or len(kept) != len(self.streams):
+            self.stage, self.drawn = stage, 0
+            return
+        for stream, state in zip(self.streams, kept, strict=True):
+            stream.load_state_dict(state)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"drawn": self.drawn, "stage": self.stage, "strata": [s.state_dict() for s in self.streams]}
+
+    def load_state_dict(self, s: dict[str, Any]) -> None:
+        if "strata" not in s or len(s["strata"]) != len(self.streams):
+            raise ValueError(
+                f"the checkpoint's task stream is not stratified by {self.key!r} over {len(self.streams)} "
+                "values; resume it with the same curriculum.sampler and curriculum.stratify_by"
+            )
+        self.drawn, self.stage = int(s["drawn"]), int(s["stage"])
+        for stream, state in zip(self.streams, s["strata"], strict=True):
+            stream.load_state_dict(state)
 
 
 def pass_rate_weight(p: float | None, floor: float) -> float:
@@ -209,7 +288,7 @@ class PassRateSampler:
         if "draws" not in s:
             raise ValueError(
                 "the checkpoint's task stream is a uniform one (curriculum.sampler=uniform); resume it "
-                "with the same curriculum.sampler"
+                "with the same curriculum.sampler and stratify_by"
             )
         self.draws, self.stage = int(s["draws"]), int(s["stage"])
         self.history = {str(k): [float(x) for x in v] for k, v in s["history"].items()}
@@ -219,6 +298,8 @@ def make_sampler(cfg: CurriculumConfig, tasks: Sequence[Task], seed: int) -> Tas
     """The sampler ``curriculum.sampler`` names over ``tasks``."""
     if cfg.sampler == "pass_rate":
         return PassRateSampler(tasks, seed, window=cfg.window, floor=cfg.floor)
+    if cfg.stratify_by is not None:
+        return StratifiedStream(tasks, seed, cfg.stratify_by)
     return TaskStream(tasks, seed)
 
 
@@ -226,6 +307,7 @@ __all__ = [
     "CurriculumConfig",
     "DifficultyStage",
     "PassRateSampler",
+    "StratifiedStream",
     "TaskSampler",
     "TaskStream",
     "make_sampler",
