@@ -1,12 +1,17 @@
-"""Held-out accuracy of recorded evaluations, split by a field of the tasks' metadata.
+"""Held-out accuracy of recorded evaluations, or of the sampled training batches, split by a field
+of the tasks' metadata.
 
     python -m benchmarks.by_task runs/arms/multihop-recipe warm step2 step3 --key hops
     python -m benchmarks.by_task runs/calculator_agent warm step3 --key difficulty
+    python -m benchmarks.by_task runs/search_agent --steps 1 2 3 --key hops
 
 Reads ``RUN/eval/LABEL.jsonl`` (written by every recorded evaluation), looks each episode's task up
 in the run's environment, and prints, per value of ``task.metadata[KEY]`` and per label, the number
 of correct episodes, n and the Wilson 95% interval, and the mean number of turns. It answers "which
 kind of task did RL fix or break" where one accuracy hides it (e.g. 1-hop against 2-hop questions).
+With ``--steps`` it reads the trajectories each training step sampled (``RUN/trajectories``)
+instead, and each cell also counts the tasks (groups) of that kind in the step's batch: what each
+update was pushed toward.
 """
 
 from __future__ import annotations
@@ -21,33 +26,43 @@ from flowgrpo.runs.rundir import RunDir, RunError
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run")
-    ap.add_argument("labels", nargs="+", help="evaluation labels, e.g. warm step3")
+    ap.add_argument("labels", nargs="*", help="evaluation labels, e.g. warm step3")
+    ap.add_argument("--steps", type=int, nargs="+", help="training steps whose sampled batches to split")
     ap.add_argument("--key", required=True, help="a task metadata field, e.g. hops")
     args = ap.parse_args(argv)
+    if bool(args.labels) == bool(args.steps):
+        ap.error("give evaluation labels (e.g. warm step3) or --steps N ..., not both and not neither")
     from flowgrpo.components import env_factory_of
 
     try:
         run = RunDir(args.run)
         env = env_factory_of(run.config().env)()
         value = {t.id: t.metadata.get(args.key) for split in ("train", "test") for t in env.tasks(split)}
-        episodes = {label: run.eval_episodes(label) for label in args.labels}
+        if args.steps:
+            episodes = {f"step {k} (sampled)": run.trajectories(k) for k in args.steps}
+        else:
+            episodes = {label: run.eval_episodes(label) for label in args.labels}
     except RunError as e:
         raise SystemExit(f"error: {e}") from None
     print(
         f"| {args.key} | "
-        + " | ".join(f"{label}: correct / n [95% CI], turns" for label in args.labels)
+        + " | ".join(
+            f"{label}: correct / n [95% CI], turns{' (tasks)' * bool(args.steps)}" for label in episodes
+        )
         + " |"
     )
-    print("|---|" + "---|" * len(args.labels))
+    print("|---|" + "---|" * len(episodes))
     keys = sorted({value.get(t.task_id) for trajs in episodes.values() for t in trajs}, key=str)
     for k in keys:
         cells = []
-        for label in args.labels:
-            mine = [t for t in episodes[label] if value.get(t.task_id) == k]
+        for trajs in episodes.values():
+            mine = [t for t in trajs if value.get(t.task_id) == k]
             n, c = len(mine), sum(accuracy_of(t) >= 1.0 for t in mine)
             turns = [len(t.turns) for t in mine]
             lo, hi = wilson_interval(c, n) if n else (0.0, 0.0)
-            cells.append(f"{c} / {n} [{lo:.3f}, {hi:.3f}], {sum(turns) / max(n, 1):.2f}")
+            n_tasks = len({t.task_id for t in mine})
+            tasks = f" ({n_tasks} task{'s' * (n_tasks != 1)})" if args.steps else ""
+            cells.append(f"{c} / {n} [{lo:.3f}, {hi:.3f}], {sum(turns) / max(n, 1):.2f}{tasks}")
         print(f"| {k} | " + " | ".join(cells) + " |")
     return 0
 

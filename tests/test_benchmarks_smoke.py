@@ -169,6 +169,16 @@ def test_by_task_splits_recorded_evaluations_by_a_task_field(tmp_path, capsys) -
     rows = capsys.readouterr().out.splitlines()
     assert rows[2].startswith("| 1 | 1 / 2 [") and rows[2].endswith(", 2.00 |")
     assert rows[3].startswith("| 2 | 1 / 1 [") and rows[3].endswith(", 3.00 |")
+    (tmp_path / "trajectories").mkdir()  # the same episodes as step 4's sampled batch: 2 + 1 tasks
+    for t in trajs:
+        append_line(tmp_path / "trajectories" / "step_000004.jsonl", encode_record(t))
+    assert main([str(tmp_path), "--steps", "4", "--key", "hops"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[0] == "| hops | step 4 (sampled): correct / n [95% CI], turns (tasks) |"
+    assert rows[2].startswith("| 1 | 1 / 2 [") and rows[2].endswith(", 2.00 (2 tasks) |")
+    assert rows[3].endswith(", 3.00 (1 task) |")
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "warm", "--steps", "4", "--key", "hops"])
 
 
 def test_sweep_tabulates_arms_and_plots_one_panel_per_warm_start(tmp_path, capsys) -> None:
