@@ -168,7 +168,7 @@ class TaskStream:
 
 class StratifiedStream:
     """An endless stream whose draws cycle through the values of ``task.metadata[key]``: the k-th
-    task drawn since the stage began comes from value ``k mod V`` (values in sorted order), each
+    task drawn since the stage began comes from value ``k mod V`` (values sorted as text), each
     value from its own :class:`TaskStream` over its tasks. A step of ``n`` tasks therefore holds
     every value ``floor(n / V)`` or ``ceil(n / V)`` times, whatever the mix of the task list; a
     value with fewer tasks comes round again sooner. Its state (draw count, stage, one stream state
@@ -287,8 +287,8 @@ class PassRateSampler:
     def load_state_dict(self, s: dict[str, Any]) -> None:
         if "draws" not in s:
             raise ValueError(
-                "the checkpoint's task stream is a uniform one (curriculum.sampler=uniform); resume it "
-                "with the same curriculum.sampler and stratify_by"
+                "the checkpoint's task stream is a uniform or stratified one (curriculum.sampler=uniform); "
+                "resume it with the same curriculum.sampler and stratify_by"
             )
         self.draws, self.stage = int(s["draws"]), int(s["stage"])
         self.history = {str(k): [float(x) for x in v] for k, v in s["history"].items()}
