@@ -21,6 +21,10 @@ The pooled row concatenates the paired outcomes of every arm of a config: under 
 nothing" each discordant pair is a fair coin in every arm, so the pooled McNemar test is valid
 across arms with different warm starts.
 
+An arm's checkpoints (~2.6 GB for the calculator agent: the warm start and every saved step with
+its optimizer state) are deleted once its evaluations are read back, since the table needs only
+``eval.jsonl``; ``--keep-checkpoints`` keeps them, to export or resume an arm.
+
 Every arm records the machine it ran on (CPU model and flags, GPU, torch) in ``machine.json``; the
 table names it per row. Compare an arm only with its own warm start and with arms of the same machine.
 """
@@ -32,6 +36,7 @@ import contextlib
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -111,6 +116,16 @@ def run_arm(
         rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
     (out / "wall.json").write_text(json.dumps({"rc": rc, "wall_min": (time.monotonic() - t0) / 60}))
     return rc
+
+
+def prune_checkpoints(out: Path) -> int:
+    """Delete an arm's ``checkpoints/``; returns the bytes freed."""
+    root = out / "checkpoints"
+    if not root.is_dir():
+        return 0
+    freed = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+    shutil.rmtree(root)
+    return freed
 
 
 class Arm:
@@ -210,6 +225,11 @@ def main(argv: list[str] | None = None) -> int:
         help="name of the recipe variant the --set overrides make; appended to its arms' names",
     )
     ap.add_argument("--run", action="store_true", help="run the arms that have no final evaluation yet")
+    ap.add_argument(
+        "--keep-checkpoints",
+        action="store_true",
+        help="keep the checkpoints of the arms this command runs (default: delete them once evaluated)",
+    )
     args = ap.parse_args(argv)
 
     base = Path(args.root) / Path(args.config).stem
@@ -233,6 +253,11 @@ def main(argv: list[str] | None = None) -> int:
             except (OSError, ValueError) as e:
                 print(f"{name}: exit {rc}, no result ({e}); see {out / 'train.log'}", file=sys.stderr)
                 missing.append(name)
+                continue
+            if not args.keep_checkpoints and (freed := prune_checkpoints(out)):
+                print(
+                    f"{name}: deleted its checkpoints ({freed / 2**30:.1f} GiB; --keep-checkpoints keeps them)"
+                )
     pooled = None
     if len(rows) > 1:
         pooled = paired_difference([x for _, r in rows for x in r.a], [x for _, r in rows for x in r.b])

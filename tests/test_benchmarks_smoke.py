@@ -237,7 +237,9 @@ def test_sweep_tabulates_arms_and_plots_one_panel_per_warm_start(tmp_path, capsy
         main(["--root", str(tmp_path), "missing"])
 
 
-def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(tmp_path, capsys) -> None:
+def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
+    tmp_path, capsys, monkeypatch
+) -> None:
     import json
 
     from benchmarks.learning_matrix import main
@@ -247,7 +249,7 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(tmp_pa
         name: str, warm: list[int], final: list[int], curve: list[int] | None = None, final_step: int = 3
     ) -> None:
         out = tmp_path / "calculator_agent" / name
-        out.mkdir(parents=True)
+        out.mkdir(parents=True, exist_ok=True)
         evals = [("warm", 0, warm)] + ([("step2", 2, curve)] if curve else [])
         evals.append((f"step{final_step}", final_step, final))
         with open(out / "eval.jsonl", "w") as f:
@@ -296,3 +298,27 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(tmp_pa
     row = next(r for r in vs.splitlines() if r.startswith("| fp32-seed0-steps15-anchored")).split(" | ")
     assert row[1:3] == ["0.833 (step 3)", "0.333 (step 15)"] and row[3].startswith("-50.0 [")
     assert row[4] == "0.25 |"  # three tasks broken, none fixed: exact McNemar p = 2 / 8
+
+    # --run: a finished arm's checkpoints are deleted once its evaluations are read back (the table
+    # needs only eval.jsonl); a failed arm keeps them; --keep-checkpoints keeps them all
+    import benchmarks.learning_matrix as lm
+
+    def fake_train(config, out, precision, seed, steps, eval_n, extra) -> int:
+        (out / "checkpoints" / "step-000001").mkdir(parents=True)
+        (out / "checkpoints" / "step-000001" / "model.safetensors").write_bytes(b"x" * 1000)
+        if seed == 4:
+            return 1  # crashed before its final evaluation
+        arm(out.name, [0, 1], [1, 1])
+        return 0
+
+    monkeypatch.setattr(lm, "run_arm", fake_train)
+    assert main(["--seeds", "3", "4", "--precision", "fp16", "--root", str(tmp_path), "--run"]) == 0
+    out = capsys.readouterr().out
+    arms = tmp_path / "calculator_agent"
+    assert not (arms / "fp16-seed3" / "checkpoints").exists() and "fp16-seed3: deleted its checkpoints" in out
+    assert (arms / "fp16-seed4" / "checkpoints").is_dir() and "not run yet: fp16-seed4" in out
+    assert (
+        main(["--seeds", "5", "--precision", "fp16", "--root", str(tmp_path), "--run", "--keep-checkpoints"])
+        == 0
+    )
+    assert (arms / "fp16-seed5" / "checkpoints" / "step-000001" / "model.safetensors").is_file()
