@@ -4,6 +4,7 @@ of the tasks' metadata.
     python -m benchmarks.by_task runs/arms/multihop-recipe warm step2 step3 --key hops
     python -m benchmarks.by_task runs/calculator_agent warm step3 --key difficulty
     python -m benchmarks.by_task runs/search_agent --steps 1 2 3 --key hops
+    python -m benchmarks.by_task runs/search_agent --steps 1 2 3 --key hops --decision 2
 
 Reads ``RUN/eval/LABEL.jsonl`` (written by every recorded evaluation), looks each episode's task up
 in the run's environment, and prints, per value of ``task.metadata[KEY]`` and per label, the number
@@ -11,7 +12,11 @@ of correct episodes, n and the Wilson 95% interval, and the mean number of turns
 kind of task did RL fix or break" where one accuracy hides it (e.g. 1-hop against 2-hop questions).
 With ``--steps`` it reads the trajectories each training step sampled (``RUN/trajectories``)
 instead, and each cell also counts the tasks (groups) of that kind in the step's batch: what each
-update was pushed toward.
+update was pushed toward. ``--decision N`` adds a table of the N-th turn of those episodes: how
+many called a tool there and how many did not (answered, or wrote no call), each with its mean
+advantage. It shows which way each step's update pushed that decision for each kind of task, e.g.
+whether 1-hop questions' groups rewarded stopping after one search while 2-hop ones rewarded
+searching again.
 """
 
 from __future__ import annotations
@@ -21,6 +26,22 @@ import argparse
 from flowgrpo.algorithms.episodes import accuracy_of
 from flowgrpo.algorithms.stats import wilson_interval
 from flowgrpo.runs.rundir import RunDir, RunError
+from flowgrpo.types import Trajectory
+
+
+def decision_cell(trajs: list[Trajectory], turn: int) -> str:
+    """Turn ``turn`` (0-based) of the episodes that reached it with an advantage: how many called a
+    tool and how many did not, each with its mean advantage."""
+    calls: list[float] = []
+    other: list[float] = []
+    for t in trajs:
+        if len(t.turns) > turn and (a := t.turns[turn].advantage) is not None:
+            (calls if t.turns[turn].action.tool_calls else other).append(a)
+
+    def part(xs: list[float]) -> str:
+        return f"{len(xs)} ({sum(xs) / len(xs):+.2f})" if xs else "0"
+
+    return f"{part(calls)} / {part(other)}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,9 +50,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("labels", nargs="*", help="evaluation labels, e.g. warm step3")
     ap.add_argument("--steps", type=int, nargs="+", help="training steps whose sampled batches to split")
     ap.add_argument("--key", required=True, help="a task metadata field, e.g. hops")
+    ap.add_argument(
+        "--decision",
+        type=int,
+        metavar="N",
+        help="with --steps: also split the N-th turn (1-based) into tool calls and the rest, with mean advantages",
+    )
     args = ap.parse_args(argv)
     if bool(args.labels) == bool(args.steps):
         ap.error("give evaluation labels (e.g. warm step3) or --steps N ..., not both and not neither")
+    if args.decision is not None and (not args.steps or args.decision < 1):
+        ap.error("--decision N needs --steps (sampled episodes carry advantages) and N >= 1")
     from flowgrpo.components import env_factory_of
 
     try:
@@ -64,6 +93,19 @@ def main(argv: list[str] | None = None) -> int:
             tasks = f" ({n_tasks} task{'s' * (n_tasks != 1)})" if args.steps else ""
             cells.append(f"{c} / {n} [{lo:.3f}, {hi:.3f}], {sum(turns) / max(n, 1):.2f}{tasks}")
         print(f"| {k} | " + " | ".join(cells) + " |")
+    if args.decision:
+        n = args.decision
+        print(
+            f"\nturn {n} of the sampled episodes that reached it: tool calls (mean advantage) / other actions\n"
+        )
+        print(f"| {args.key} | " + " | ".join(f"{label}, turn {n}" for label in episodes) + " |")
+        print("|---|" + "---|" * len(episodes))
+        for k in keys:
+            cells = [
+                decision_cell([t for t in trajs if value.get(t.task_id) == k], n - 1)
+                for trajs in episodes.values()
+            ]
+            print(f"| {k} | " + " | ".join(cells) + " |")
     return 0
 
 

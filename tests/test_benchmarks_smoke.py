@@ -179,6 +179,34 @@ def test_by_task_splits_recorded_evaluations_by_a_task_field(tmp_path, capsys) -
     assert rows[3].endswith(", 3.00 (1 task) |")
     with pytest.raises(SystemExit):
         main([str(tmp_path), "warm", "--steps", "4", "--key", "hops"])
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "warm", "--key", "hops", "--decision", "2"])  # evaluations carry no advantages
+
+    # --decision 2: the second turn split into tool calls and the rest, with their mean advantages
+    call = Message(
+        role="assistant", content="c", tool_calls=[{"id": "c1", "name": "search", "arguments": {}}]
+    )
+    answer = Message(role="assistant", content="<answer>x</answer>")
+    step = []
+    for t, second, adv in [
+        (one[0], call, -1.0),
+        (one[0], answer, 0.5),
+        (one[1], answer, 1.5),
+        (two[0], call, 2.0),
+    ]:
+        turns = [
+            turn.model_copy(update={"advantage": adv}),
+            turn.model_copy(update={"action": second, "advantage": adv}),
+        ]
+        step.append(Trajectory(task_id=t.id, turns=turns, reward_breakdown={"accuracy": 1.0}))
+    step.append(
+        Trajectory(task_id=one[1].id, turns=[turn.model_copy(update={"advantage": 9.0})])
+    )  # stopped at turn 1
+    for t in step:
+        append_line(tmp_path / "trajectories" / "step_000005.jsonl", encode_record(t))
+    assert main([str(tmp_path), "--steps", "5", "--key", "hops", "--decision", "2"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[-3:] == ["|---|---|", "| 1 | 1 (-1.00) / 2 (+1.00) |", "| 2 | 1 (+2.00) / 0 |"]
 
 
 def test_sweep_tabulates_arms_and_plots_one_panel_per_warm_start(tmp_path, capsys) -> None:
