@@ -82,10 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("|---|" + "---|" * len(episodes))
     keys = sorted({value.get(t.task_id) for trajs in episodes.values() for t in trajs}, key=str)
-    for k in keys:
+    split = {
+        k: [[t for t in trajs if value.get(t.task_id) == k] for trajs in episodes.values()] for k in keys
+    }
+    for k, per_label in split.items():
         cells = []
-        for trajs in episodes.values():
-            mine = [t for t in trajs if value.get(t.task_id) == k]
+        for mine in per_label:
             n, c = len(mine), sum(accuracy_of(t) >= 1.0 for t in mine)
             turns = [len(t.turns) for t in mine]
             lo, hi = wilson_interval(c, n) if n else (0.0, 0.0)
@@ -94,18 +96,14 @@ def main(argv: list[str] | None = None) -> int:
             cells.append(f"{c} / {n} [{lo:.3f}, {hi:.3f}], {sum(turns) / max(n, 1):.2f}{tasks}")
         print(f"| {k} | " + " | ".join(cells) + " |")
     if args.decision:
-        n = args.decision
+        turn = args.decision
         print(
-            f"\nturn {n} of the sampled episodes that reached it: tool calls (mean advantage) / other actions\n"
+            f"\nturn {turn} of the sampled episodes that reached it: tool calls (mean advantage) / other actions\n"
         )
-        print(f"| {args.key} | " + " | ".join(f"{label}, turn {n}" for label in episodes) + " |")
+        print(f"| {args.key} | " + " | ".join(f"{label}, turn {turn}" for label in episodes) + " |")
         print("|---|" + "---|" * len(episodes))
-        for k in keys:
-            cells = [
-                decision_cell([t for t in trajs if value.get(t.task_id) == k], n - 1)
-                for trajs in episodes.values()
-            ]
-            print(f"| {k} | " + " | ".join(cells) + " |")
+        for k, per_label in split.items():
+            print(f"| {k} | " + " | ".join(decision_cell(mine, turn - 1) for mine in per_label) + " |")
     return 0
 
 
