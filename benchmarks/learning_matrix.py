@@ -22,8 +22,9 @@ nothing" each discordant pair is a fair coin in every arm, so the pooled McNemar
 across arms with different warm starts.
 
 An arm's checkpoints (~2.6 GB for the calculator agent: the warm start and the saved steps that
-``run.keep_last`` keeps, with their optimizer state) are deleted once its evaluations are read back, since the table needs only
-``eval.jsonl``; ``--keep-checkpoints`` keeps them, to export or resume an arm.
+``run.keep_last`` keeps, with their optimizer state) are deleted once its evaluations are read
+back, since the table needs only ``eval.jsonl``; ``--keep-checkpoints`` keeps them, to export or
+resume an arm.
 
 Every arm records the machine it ran on (CPU model and flags, GPU, torch) in ``machine.json``; the
 table names it per row. Compare an arm only with its own warm start and with arms of the same machine.
