@@ -52,6 +52,7 @@ PRECISIONS: dict[str, list[str]] = {
     "bf16": ["model.autocast=bfloat16", "model.rollout_dtype=bfloat16"],
     "bf16-sampling": ["model.autocast=null", "model.rollout_dtype=bfloat16"],
     "fp16": ["model.autocast=float16", "model.rollout_dtype=float16"],
+    "fp16-sampling": ["model.autocast=null", "model.rollout_dtype=float16"],
     "auto": ["model.autocast=auto", "model.rollout_dtype=auto"],
 }
 """The numeric paths an arm can take: the overrides that select sampling and update precision

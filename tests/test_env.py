@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import time
 from pathlib import Path
 
 import pytest
@@ -30,6 +29,9 @@ from flowgrpo.types import Message, ParsedAction, ToolCall
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "custom_env.py"
 
 
+SLOW_ECHO_SPANS: list[tuple[str, str]] = []  # ("start" | "end", text), in the order they happened
+
+
 @tool
 async def slow_echo(text: str) -> str:
     """Echo the text after 0.3 s.
@@ -37,7 +39,9 @@ async def slow_echo(text: str) -> str:
     Args:
         text: What to echo.
     """
+    SLOW_ECHO_SPANS.append(("start", text))
     await asyncio.sleep(0.3)
+    SLOW_ECHO_SPANS.append(("end", text))
     return text
 
 
@@ -90,12 +94,12 @@ def test_toolenv_step_semantics() -> None:
         # a parse error -> an error observation the model reads
         r = await env.step(act("<tool_call>{bad json</tool_call>"))
         assert r.observations[0].role == "user" and r.observations[0].content.startswith("Error:")
-        # two calls run concurrently: 2 x 0.3 s sleeps take ~0.3 s, and keep their order and ids
+        # two calls run concurrently (the second starts before the first ends), and keep their order and ids
         text = render_tool_call("slow_echo", {"text": "a"}) + render_tool_call("slow_echo", {"text": "b"})
         a = act(text)
-        t0 = time.perf_counter()
+        SLOW_ECHO_SPANS.clear()
         r = await env.step(a)
-        assert time.perf_counter() - t0 < 0.55
+        assert [kind for kind, _ in SLOW_ECHO_SPANS] == ["start", "start", "end", "end"], SLOW_ECHO_SPANS
         assert [m.content for m in r.observations] == ["a", "b"]
         assert [m.tool_call_id for m in r.observations] == [c.id for c in a.message.tool_calls]
         # bad arguments -> an error observation bound to the call

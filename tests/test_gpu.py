@@ -85,6 +85,7 @@ def test_auto_is_cuda_on_this_machine():
         pytest.param(("algorithm.name=ppo", "algorithm.ppo.value_model=shared"), id="ppo_shared"),
         pytest.param(("model.lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj, up_proj]}",), id="lora"),
         pytest.param(("model.autocast=bfloat16",), id="bf16_autocast"),
+        pytest.param(("model.autocast=float16", "model.rollout_dtype=float16"), id="fp16_loss_scaled"),
     ],
 )
 def test_one_rl_step_on_cuda(tmp_path, overrides):

@@ -17,6 +17,21 @@ def test_explicit_settings_are_kept_and_slow_bf16_is_warned(monkeypatch, caplog)
     assert "emulated" in caplog.text
 
 
+@pytest.mark.parametrize(
+    ("flags", "device", "warned"),
+    [
+        ({"avx512_bf16"}, "cpu", True),
+        ({"avx512_fp16"}, "cpu", False),
+        ({"amx_fp16"}, "cpu", False),
+        ({"avx2"}, "cuda", False),
+    ],
+)
+def test_a_float16_update_on_a_cpu_without_fp16_is_warned(monkeypatch, caplog, flags, device, warned):
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset(flags))
+    assert hardware.resolve_autocast("float16", device) == "float16"
+    assert ("~25x slower than fp32" in caplog.text) is warned
+
+
 def test_cpu_flags_reads_this_machine():
     flags = hardware.cpu_flags()
     assert isinstance(flags, frozenset)

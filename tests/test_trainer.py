@@ -200,8 +200,9 @@ def test_reference_model_is_frozen_and_skipped_without_kl(tmp_path):
     assert tr.ref_model is not tr.model
 
 
-def test_sft_on_demonstrations_lowers_the_loss(tmp_path):
-    tr = make_trainer(tmp_path, "train.steps=1")
+@pytest.mark.parametrize("autocast", ["null", "float16"])  # float16: the warm start scales its loss too
+def test_sft_on_demonstrations_lowers_the_loss(tmp_path, autocast):
+    tr = make_trainer(tmp_path, "train.steps=1", f"model.autocast={autocast}")
 
     # demonstrations: a text policy that always says the same thing, through the rollout engine
     class Say:

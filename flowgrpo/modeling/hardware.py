@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+_FP16_CPU_FLAGS = frozenset({"avx512_fp16", "amx_fp16"})
 
 DEVICE_SETTINGS = ("auto", "cpu", "cuda", "cuda:N")
 """What ``model.device`` (and a model-loading reward's ``device``) accepts."""
@@ -194,6 +195,12 @@ def resolve_autocast(setting: str | None, device: str | None = None) -> str | No
             "autocast bfloat16 on %s without native bf16 (no avx512_bf16/amx on this CPU): matmuls are "
             "emulated and much slower than fp32; use model.autocast=auto or null",
             device or "cpu",
+        )
+    if setting == "float16" and str(device or "cpu").startswith("cpu") and not _FP16_CPU_FLAGS & cpu_flags():
+        log.warning(
+            "autocast float16 on a CPU without native fp16 (no avx512_fp16/amx_fp16): an update is ~25x "
+            "slower than fp32 (220 s against 8.6 s for 8 x 256 tokens of SmolLM2-135M on an avx512_bf16 "
+            "EPYC); train fp16 on a GPU, or use model.autocast=null with model.rollout_dtype=float16"
         )
     return setting
 

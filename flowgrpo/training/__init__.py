@@ -4,6 +4,7 @@
 - :mod:`~flowgrpo.training.sft`: the supervised warm start.
 - :mod:`~flowgrpo.training.batching`: trajectories packed into rows and micro-batches.
 - :mod:`~flowgrpo.training.optim`: the optimizer and its schedule.
+- :mod:`~flowgrpo.training.loss_scale`: dynamic loss scaling for a float16 update.
 - :mod:`~flowgrpo.training.value`: PPO's critic.
 - :mod:`~flowgrpo.training.resume`: picking up a run from its last checkpoint.
 - :mod:`~flowgrpo.training.distributed`, :mod:`~flowgrpo.training.fsdp`: torchrun, DDP and FSDP2.

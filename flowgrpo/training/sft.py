@@ -11,6 +11,7 @@ instruction-tuned planner for the same reason).
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -24,6 +25,7 @@ from flowgrpo.modeling.logprobs import action_logprobs
 from flowgrpo.rollout.agentflow.oracle import FlowOracleAgent, module_demonstrations
 from flowgrpo.rollout.engine import TextPolicy, run_text_policy
 from flowgrpo.training.batching import Row, build_rows, micro_batches
+from flowgrpo.training.loss_scale import loss_scale_for
 from flowgrpo.training.optim import adamw
 from flowgrpo.types import Trajectory
 
@@ -117,6 +119,7 @@ def supervised_epochs(
     if not rows:
         raise WarmStartError("sft: the trajectories have no action tokens")
     opt = adamw(model, lr=lr)
+    scaler = loss_scale_for(parts.autocast)  # float16 autocast: dynamic loss scaling
     by_seq: dict[int, list[Row]] = {}
     for r in rows:
         by_seq.setdefault(r.seq_index, []).append(r)
@@ -143,11 +146,14 @@ def supervised_epochs(
                         chunk_size=cfg.train.logprob_chunk,
                     )
                     loss = sft_loss(lp, mb.loss_mask, mb.token_weights)
-                    loss.backward()
+                    scaler.scale(loss).backward()
                     tot += loss.item() * float(sum(r.num_action_tokens for r in batch))
-                if cfg.train.grad_clip:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-                opt.step()
+                scaler.unscale_(model.parameters())
+                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip or float("inf"))
+                overflow = scaler.enabled and not math.isfinite(float(norm))
+                scaler.update(found_inf=overflow)
+                if not overflow:  # an fp16 overflow skips the step; the halved scale retries the next batch
+                    opt.step()
                 ntok += sum(r.num_action_tokens for r in batch)
                 bar.update(len(seqs[k : k + batch_trajectories]))
                 bar.set_postfix(loss=f"{tot / max(ntok, 1.0):.4f}")

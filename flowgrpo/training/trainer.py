@@ -13,7 +13,8 @@ One RL step (:meth:`Trainer.train_step`)::
             logprobs of action tokens (chunked LM head, bf16 autocast)   (flowgrpo.modeling.logprobs)
             loss = clipped surrogate + KL to the frozen reference        (flowgrpo.algorithms.loss)
             backward (gradients accumulate; aggregation weights make the sum exact)
-        clip grad norm, optimizer step (a NaN/inf loss or gradient skips it, counted)
+        clip grad norm, optimizer step (a NaN/inf loss or gradient skips it, counted;
+        fp16 autocast scales the loss and adapts the scale)          (flowgrpo.training.loss_scale)
     LR schedule step, metrics (JSONL, TensorBoard), trajectories (JSONL), checkpoint
 
 The parts come from :func:`flowgrpo.components.build` (policy, backend, environment, tasks, reward,
@@ -85,6 +86,7 @@ from flowgrpo.training.async_rollout import AsyncRollout, RolloutBatch, rollout_
 from flowgrpo.training.batching import MicroBatch, Row, build_rows, micro_batches
 from flowgrpo.training.fsdp import ShardedPolicy
 from flowgrpo.training.idle import IdleWatch
+from flowgrpo.training.loss_scale import loss_scale_for
 from flowgrpo.training.optim import adamw
 from flowgrpo.training.resume import choose_checkpoint
 from flowgrpo.training.value import critic_of
@@ -199,6 +201,7 @@ class Trainer:
             betas=cfg.train.betas,
             weight_decay=cfg.train.weight_decay,
         )
+        self.scaler = loss_scale_for(parts.autocast)  # float16 autocast: dynamic loss scaling
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             lr_lambda(cfg.train.lr_schedule, cfg.train.steps, cfg.train.warmup_steps, cfg.train.min_lr_ratio),
@@ -560,6 +563,8 @@ class Trainer:
         out.update(first)
         out["train_tokens"] = agg.get("train_tokens", 0.0)
         out["optimizer_steps"] = float(steps)
+        if self.scaler.enabled:
+            out["loss_scale"] = self.scaler.scale_value  # after this step's updates
         if self.critic is not None:
             self.critic.end_batch()
         out.update(critic_m)
@@ -584,7 +589,7 @@ class Trainer:
         mb_action_tokens = float(sum(r.num_action_tokens for r in rows))
         sums: dict[str, float] = {}
         tokens = 0.0
-        finite = True
+        finite = loss_finite = True
         mbs = list(
             micro_batches(
                 rows,
@@ -644,11 +649,12 @@ class Trainer:
                 loss = loss + a.ppo.vf_coef * v_loss
                 m.update({f"ppo/{k}": v for k, v in vm.items() if k != "tokens"})
             if not torch.isfinite(loss):
-                finite = False
+                finite = loss_finite = False
                 if self.sharded is None:
                     break
+            scaled = self.scaler.scale(loss)  # float16: lifts small gradients out of fp16 underflow
             # fsdp2: FSDP2 averages gradients over ranks, and the ranks' shares must add up
-            (loss * self.sharded.loss_scale if self.sharded is not None else loss).backward()
+            (scaled * self.sharded.loss_scale if self.sharded is not None else scaled).backward()
             if not finite:  # fsdp2: the passes still ran, so the ranks stay in step; the step is skipped
                 continue
             n = m["tokens"]
@@ -673,11 +679,22 @@ class Trainer:
             tokens = sums.pop("\0tokens")
         grad_norm = float("nan")
         if finite:
+            self.scaler.unscale_([*params, *(self.critic.params if self.critic is not None else [])])
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.train.grad_clip or float("inf")))
             finite = math.isfinite(grad_norm)
+        scale = self.scaler.scale_value
+        self.scaler.update(found_inf=not finite)
         if not finite:
             self.counters["nan_skipped_steps"] += 1
-            log.warning("step %d: non-finite loss or gradient; skipping this optimizer step", self.step)
+            if self.scaler.enabled and loss_finite:  # expected now and then: the scale adapts
+                log.info(
+                    "step %d: fp16 gradient overflow at loss scale %g; skipping this optimizer step, scale -> %g",
+                    self.step,
+                    scale,
+                    self.scaler.scale_value,
+                )
+            else:
+                log.warning("step %d: non-finite loss or gradient; skipping this optimizer step", self.step)
             self.optimizer.zero_grad(set_to_none=True)
             if self.critic is not None:
                 self.critic.zero_grad()
@@ -814,6 +831,8 @@ class Trainer:
         }
         if self.critic is not None:
             extra["critic"] = self.critic.state_dict()
+        if self.scaler.enabled:
+            extra["loss_scale"] = self.scaler.state_dict()
         return save_checkpoint(
             self.ckpt_root,
             self.step,
@@ -865,6 +884,8 @@ class Trainer:
         self.counters.update(data.state["extra"].get("counters", {}))
         if self.critic is not None and "critic" in data.state["extra"]:
             self.critic.load_state_dict(data.state["extra"]["critic"])
+        if "loss_scale" in data.state["extra"]:
+            self.scaler.load_state_dict(data.state["extra"]["loss_scale"])
         if self.ref_model is not None:
             if "ref_model" in data.state["extra"]:  # the one-file format copied the reference
                 self.ref_model.load_state_dict(data.state["extra"]["ref_model"])
