@@ -28,12 +28,13 @@ on 2 cores; ``--model tiny`` is the smoke test's random model). Figures are prin
    Samples differ between sides (different random streams), so episodes differ in length: compare
    turns/s and tokens/s, printed with the work each side did.
 3. ``--precision``: the numeric modes side by side in one process, on the same prompts: where the
-   sampler computes (the fp32 weights, the fp32 weights under bf16 autocast, a bf16 inference copy)
-   and where the update computes (fp32 or bf16 autocast over fp32 master weights). Per mode: ms per
-   decode step (every row decoding exactly ``--new`` tokens), single-turn tok/s, seconds per update
-   (forward + backward + AdamW over ``--update-rows`` x ``--update-len`` tokens, plus refreshing the
-   copy), and the sampler/trainer ratio ``exp(trainer - sampler logprob)`` of the sampled tokens
-   before any update (1 when they agree; what ``sampler_ratio_*`` reports in training).
+   sampler computes (the fp32 weights, the fp32 weights under bf16 autocast, a bf16 or fp16 copy)
+   and where the update computes (fp32, or bf16 or loss-scaled fp16 autocast over fp32 master
+   weights). Per mode: ms per decode step (every row decoding exactly ``--new`` tokens), single-turn
+   tok/s, seconds per update (forward + backward + AdamW over ``--update-rows`` x ``--update-len``
+   tokens, plus refreshing the copy), and the sampler/trainer ratio ``exp(trainer - sampler
+   logprob)`` of the sampled tokens before any update (1 when they agree; what ``sampler_ratio_*``
+   reports in training).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from flowgrpo.modeling.models import load_model, tiny_model
 from flowgrpo.rollout.backends.base import SamplingParams
 from flowgrpo.rollout.backends.hf import HFBackend
 from flowgrpo.rollout.engine import RolloutConfig, RolloutEngine
+from flowgrpo.training.loss_scale import loss_scale_for
 from flowgrpo.types import Message, ParsedAction, Task
 
 # bf16 autocast only where bf16 matmuls are native (AVX512-BF16/AMX/CUDA); fp32 elsewhere, on both sides.
@@ -321,6 +323,7 @@ PRECISIONS = {
     "bf16-copy/fp32-update": ({"inference_dtype": "bfloat16"}, None),
     "bf16-copy/autocast-update": ({"inference_dtype": "bfloat16"}, "bfloat16"),
     "fp16-copy/fp32-update": ({"inference_dtype": "float16"}, None),
+    "fp16-copy/fp16-update": ({"inference_dtype": "float16"}, "float16"),  # with dynamic loss scaling
 }
 
 
@@ -330,6 +333,7 @@ def _update_seconds(model, autocast, rows, length, reps, copy_backend):
     The model's weights are restored afterwards."""
     saved = {k: v.clone() for k, v in model.state_dict().items()}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-7)
+    scaler = loss_scale_for(autocast)  # float16: as the trainer scales it (an overflow is timed all the same)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, model.config.vocab_size, (rows, length), generator=g)
     attn = torch.ones(rows, length, dtype=torch.long)
@@ -340,7 +344,8 @@ def _update_seconds(model, autocast, rows, length, reps, copy_backend):
     for _ in range(reps + 1):  # the first is a warm-up
         t0 = time.perf_counter()
         lp, _ = action_logprobs(model, ids, attn, mask, autocast_dtype=autocast, share_prefix=False)
-        (-(lp * mask).sum() / mask.sum()).backward()
+        scaler.scale(-(lp * mask).sum() / mask.sum()).backward()
+        scaler.unscale_(model.parameters())
         opt.step()
         opt.zero_grad(set_to_none=True)
         if copy_backend is not None:

@@ -44,7 +44,7 @@ class ModelConfig(_Section):
         "and of sampling when rollout_dtype is float32; null = off (fp32); auto = off: a bf16 update is "
         "2.5x faster on a bf16-native CPU but its RL phase gained nothing there (docs/learning.md section 8); "
         "bfloat16 = opt in; float16 = with dynamic loss scaling (flowgrpo/training/loss_scale.py), for "
-        "GPUs: a CPU without avx512_fp16 runs it ~25x slower than fp32; flowgrpo/modeling/hardware.py",
+        "GPUs: a CPU without avx512_fp16 runs it ~20x slower than fp32; flowgrpo/modeling/hardware.py",
     )
     rollout_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",

@@ -198,9 +198,9 @@ def resolve_autocast(setting: str | None, device: str | None = None) -> str | No
         )
     if setting == "float16" and str(device or "cpu").startswith("cpu") and not _FP16_CPU_FLAGS & cpu_flags():
         log.warning(
-            "autocast float16 on a CPU without native fp16 (no avx512_fp16/amx_fp16): an update is ~25x "
-            "slower than fp32 (220 s against 8.6 s for 8 x 256 tokens of SmolLM2-135M on an avx512_bf16 "
-            "EPYC); train fp16 on a GPU, or use model.autocast=null with model.rollout_dtype=float16"
+            "autocast float16 on a CPU without native fp16 (no avx512_fp16/amx_fp16): an update is ~20x "
+            "slower than fp32 (56 s against 2.6-3.3 s for 2 x 256 tokens of SmolLM2-135M on an avx512_bf16 "
+            "EPYC, benchmarks/rollout.py --precision); train fp16 on a GPU, or keep model.autocast=null"
         )
     return setting
 
