@@ -90,7 +90,7 @@ class DynamicLossScale:
 
 def loss_scale_for(autocast: str | None) -> DynamicLossScale:
     """Scaling on for a float16 update, off (scale 1) for fp32 and bf16."""
-    return DynamicLossScale(autocast in ("float16", "fp16"))
+    return DynamicLossScale(autocast == "float16")
 
 
 __all__ = ["GROWTH_INTERVAL", "INIT_SCALE", "DynamicLossScale", "loss_scale_for"]
