@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import pytest
 from pydantic import BaseModel
@@ -183,19 +182,22 @@ def test_execute_tool_calls_in_order_never_raises():
 
 
 def test_sync_tool_does_not_block_event_loop():
-    # all three calls must be inside the tool at once to pass the barrier: one at a time, the first
-    # would wait there until the timeout and fail
+    # all three calls must be inside the tool at once to pass the barrier (one at a time, the first
+    # would wait there until the timeout and fail), and they block until the event loop has ticked
+    # 10 times: a loop blocked by the tools would never tick
     together = threading.Barrier(3, timeout=60)
+    loop_ticked = threading.Event()
 
     @tool
     def blocking(seconds: float) -> str:
-        """Block the calling thread.
+        """Block the calling thread until the event loop has ticked.
 
         Args:
-            seconds: How long.
+            seconds: How long to wait at most.
         """
         together.wait()
-        time.sleep(seconds)
+        if not loop_ticked.wait(seconds):
+            return "the event loop did not run while this tool blocked"
         return threading.current_thread().name
 
     async def main() -> list[str]:
@@ -206,17 +208,18 @@ def test_sync_tool_does_not_block_event_loop():
             while True:
                 await asyncio.sleep(0.01)
                 ticks += 1
+                if ticks == 10:
+                    loop_ticked.set()
 
         task = asyncio.create_task(ticker())
         msgs = await execute_tool_calls(
-            {"blocking": blocking}, [ToolCall(name="blocking", arguments={"seconds": 0.3}) for _ in range(3)]
+            {"blocking": blocking}, [ToolCall(name="blocking", arguments={"seconds": 60}) for _ in range(3)]
         )
         task.cancel()
-        assert ticks >= 10  # the loop kept running while the tools slept
         return [m.content for m in msgs]
 
     names = asyncio.run(main())
-    assert all(n != "MainThread" and not n.startswith("Error") for n in names), names  # ran in worker threads
+    assert names == ["flowgrpo-call-blocking"] * 3, names  # each in a worker thread, none stalled
 
 
 def test_from_langchain_structured_tool_and_decorator():
