@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import re
 from collections.abc import Callable, Sequence
 
@@ -399,3 +400,55 @@ def test_continuous_scheduling_sends_each_turn_alone_with_its_own_seed(tok):
     static = ScriptedBackend(tok, [CALL, ANSWER])
     _engine(static, tok, scheduling="static", **cfg).run_groups(AddEnv, [_task(0), _task(1)], group_size=2)
     assert [len(p) for p, _ in static.calls] == [4, 4]
+
+
+class _JitteryEnv(AddEnv):
+    """Steps take 0-30 ms, drawn from the OS's entropy: no two runs share their timings."""
+
+    async def step(self, action: ParsedAction) -> StepResult:
+        await asyncio.sleep(random.SystemRandom().uniform(0.0, 0.03))
+        return await super().step(action)
+
+
+def _episode_tags(prompts: list[list[int]], tok) -> list[str]:
+    """The ``(i)`` task tag each prompt carries, in call order."""
+    return [re.search(r"\(\d\)", tok.decode(p)).group(0) for p in prompts]
+
+
+def test_lockstep_waves_are_whole_and_in_episode_order_whatever_the_tools_take(tok):
+    tasks = [_task(i) for i in range(4)]
+    runs = []
+    for _ in range(2):
+        be = ScriptedBackend(tok, [CALL, CALL, ANSWER], max_batch_size=3)
+        eng = _engine(be, tok, scheduling="lockstep", batch_wait_ms=0)
+        groups = eng.run_groups(lambda: _JitteryEnv(delay_s=0.01), tasks, group_size=2)
+        assert all(t.termination == Termination.finished for g in groups for t in g.trajectories)
+        # 8 episodes, 3 turns each: every wave holds all 8, split 3 + 3 + 2 by max_batch_size
+        assert eng.last_batch_sizes == [3, 3, 2] * 3
+        waves = [[tag for p, _ in be.calls[w : w + 3] for tag in _episode_tags(p, tok)] for w in (0, 3, 6)]
+        assert waves == [["(0)", "(0)", "(1)", "(1)", "(2)", "(2)", "(3)", "(3)"]] * 3
+        runs.append([p for p, _ in be.calls])
+    assert runs[0] == runs[1]
+
+
+def test_lockstep_reruns_on_the_hf_backend_are_bit_exact_despite_jittery_tools(tok):
+    model, tok2 = tiny_model(tok)
+    stops = list(range(0, len(tok2), 7))  # actions of varied lengths, so rows retire at different steps
+    cfg = dict(
+        scheduling="lockstep",
+        max_turns=3,
+        max_new_tokens=6,
+        sampling={"temperature": 1.0, "seed": 5, "stop_token_ids": stops},
+    )
+    runs = []
+    for _ in range(2):
+        be = HFBackend(model, tok2, max_batch_size=4)
+        groups = _engine(be, tok2, **cfg).run_groups(
+            lambda: _JitteryEnv(never_finish=True), [_task(0), _task(1), _task(2)], group_size=3
+        )
+        trajs = [t for g in groups for t in g.trajectories]
+        runs.append(
+            [(turn.prompt_ids, turn.action_ids, turn.action_logprobs) for t in trajs for turn in t.turns]
+        )
+    assert len({len(turns) for turns in runs}) == 1 and len(runs[0]) >= 9
+    assert runs[0] == runs[1]  # every id and every float logprob equal

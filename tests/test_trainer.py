@@ -115,9 +115,9 @@ def test_reward_rises_on_the_toy_environment(tmp_path):
     assert ev.ci95[0] <= ev.accuracy <= ev.ci95[1] and len(ev.per_task) == 4
 
 
-# Bit-exact reruns need batches that timing cannot change: static scheduling (the default,
+# Bit-exact reruns need batches that timing cannot change: lockstep scheduling (the default,
 # continuous batching, admits requests in arrival order).
-EXACT = "rollout.scheduling=static"
+EXACT = "rollout.scheduling=lockstep"
 
 
 def test_kill_and_resume_gives_identical_parameters(tmp_path):

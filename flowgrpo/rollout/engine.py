@@ -23,6 +23,12 @@ episodes wait on tools at different moments. Two schedules:
   waiting -- and sends them in one ``backend.generate`` call (up to ``max_batch_size`` prompts).
   Tools of other episodes still run during that call, but a batch is fixed once issued. Batches
   do not depend on timing when tools are instant, so reruns are bit-exact.
+- ``lockstep``: waves. The batcher waits until every live episode has its next request ready (no
+  deadline), orders the wave by (episode, turn) and issues it in calls of ``max_batch_size``, one
+  after another. Which requests share a call, and in which order, then depends only on what the
+  episodes did, never on how long their tools took, so reruns are bit-exact with any tools (given
+  episodes that issue one request at a time, as the tool agent and AgentFlow's modules do). The
+  price is the tail: a wave waits for its slowest tool and its longest action.
 
 Token bookkeeping (see :mod:`flowgrpo.chat.format`): the first turn's ``prompt_ids`` are the rendered
 opening messages; each later turn's ``prompt_ids`` are the delta after the previous action (the
@@ -138,12 +144,14 @@ class RolloutConfig(BaseModel):
     max_batch_size: int | None = Field(
         None, ge=1, description="most generation requests in flight; default: backend.max_batch_size"
     )
-    scheduling: Literal["continuous", "static"] = Field(
+    scheduling: Literal["continuous", "static", "lockstep"] = Field(
         "continuous",
         description=(
             "continuous: each episode's turn goes to the backend the moment it is ready and joins the "
             "running batch (backends with continuous_batching, e.g. hf); static: requests are collected "
-            "into batches issued one at a time, so reruns are bit-exact (timing cannot change a batch)"
+            "for up to batch_wait_ms into batches issued one at a time (bit-exact reruns when tools are "
+            "instant); lockstep: waves of every live episode's next turn in episode order, bit-exact "
+            "reruns whatever the tools' timing"
         ),
     )
     batch_wait_ms: float = Field(
@@ -189,19 +197,30 @@ class TextPolicy(Protocol):
 
 
 class _Request:
-    __slots__ = ("future", "ids", "limit")
+    __slots__ = ("future", "ids", "limit", "order")
 
-    def __init__(self, ids: list[int], limit: int, future: asyncio.Future) -> None:
-        self.ids, self.limit, self.future = ids, limit, future
+    def __init__(self, ids: list[int], limit: int, future: asyncio.Future, order: tuple[int, int]) -> None:
+        self.ids, self.limit, self.future, self.order = ids, limit, future, order
 
 
 class _Batcher:
-    """Collects generation requests of live episodes and issues batched backend calls."""
+    """Collects generation requests of live episodes and issues batched backend calls: after
+    ``wait_s`` or once every live episode waits (static), or in waves of every live episode's next
+    request, ordered by (episode, turn) (``lockstep``; ``wait_s`` unused)."""
 
     def __init__(
-        self, backend: RolloutBackend, params: SamplingParams, max_batch: int, wait_s: float
+        self,
+        backend: RolloutBackend,
+        params: SamplingParams,
+        max_batch: int,
+        wait_s: float,
+        *,
+        lockstep: bool = False,
     ) -> None:
         self.backend, self.params, self.max_batch, self.wait_s = backend, params, max_batch, wait_s
+        self.lockstep = lockstep
+        self.expected = 0  # episodes of this rollout; a lockstep wave waits until all have started
+        self.started = 0
         self.pending: list[_Request] = []
         self.live = 0
         self._changed = asyncio.Event()
@@ -211,6 +230,7 @@ class _Batcher:
 
     def episode_started(self) -> None:
         self.live += 1
+        self.started += 1
 
     def episode_ended(self) -> None:
         self.live -= 1
@@ -218,17 +238,29 @@ class _Batcher:
         if self.gate is not None:
             self.gate.leave()
 
-    async def submit(self, ids: list[int], limit: int) -> GenerationResult:
+    async def submit(self, ids: list[int], limit: int, order: tuple[int, int]) -> GenerationResult:
+        """``order``: (episode, turn), the request's place in a lockstep wave."""
         fut = asyncio.get_running_loop().create_future()
-        self.pending.append(_Request(ids, limit, fut))
+        self.pending.append(_Request(ids, limit, fut, order))
         self._changed.set()
         return await fut
 
+    async def _until(self, ready: Callable[[], bool]) -> None:
+        while not ready():
+            self._changed.clear()
+            await self._changed.wait()
+
     async def run(self) -> None:
         while True:
-            while not self.pending:
-                self._changed.clear()
-                await self._changed.wait()
+            await self._until(lambda: bool(self.pending))
+            if self.lockstep:
+                # An episode between requests (running its tools) either asks again or ends; both
+                # wake this wait, so it ends once the wave is whole.
+                await self._until(lambda: self.started >= self.expected and len(self.pending) >= self.live)
+                wave, self.pending = sorted(self.pending, key=lambda r: r.order), []
+                for i in range(0, len(wave), self.max_batch):
+                    await self._issue(wave[i : i + self.max_batch])
+                continue
             deadline = time.monotonic() + self.wait_s
             while len(self.pending) < min(self.live, self.max_batch):
                 left = deadline - time.monotonic()
@@ -363,7 +395,10 @@ class RolloutEngine:
         backend = self.backend
         params = cfg.sampling.model_copy(update={"max_new_tokens": cfg.max_new_tokens})
         max_batch = cfg.max_batch_size or backend.max_batch_size
-        batcher = _Batcher(backend, params, max_batch, cfg.batch_wait_ms / 1000)
+        batcher = _Batcher(
+            backend, params, max_batch, cfg.batch_wait_ms / 1000, lockstep=cfg.scheduling == "lockstep"
+        )
+        batcher.expected = len(tasks) * group_size
         continuous = cfg.scheduling == "continuous" and backend.continuous_batching
         in_flight = asyncio.Semaphore(max_batch)
         episodes = first_episode
@@ -374,17 +409,20 @@ class RolloutEngine:
             nonlocal episodes
             if not params.stop_token_ids and not batcher.params.stop_token_ids:
                 batcher.params = params.model_copy(update={"stop_token_ids": list(chat.end_of_turn_ids)})
+            # Episodes are numbered in the order they start (the order of the tasks and samples).
+            episode, turns = episodes, 0
+            episodes += 1
             if not continuous:
 
                 async def act(ids: list[int], limit: int, conv: list[Message]) -> GenerationResult:
-                    return await batcher.submit(ids, limit)
+                    nonlocal turns
+                    turns += 1
+                    return await batcher.submit(ids, limit, (episode, turns))
 
                 return act
 
             # continuous: this episode's turns go straight to the backend's running batch, each with
             # its own seed (episode, turn), so its samples do not depend on when it arrives
-            episode, turns = episodes, 0
-            episodes += 1
 
             async def act_now(ids: list[int], limit: int, conv: list[Message]) -> GenerationResult:
                 nonlocal turns

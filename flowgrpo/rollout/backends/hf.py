@@ -52,8 +52,8 @@ prompt in the call)`` when ``params.seed`` is set, else drawn from torch's globa
 call is queued. A prompt's tokens do not depend on which other prompts share its batch (up to float
 rounding, which batch shapes can change). One call made
 while no other call runs is fully deterministic. Concurrent calls are admitted in arrival order,
-which depends on timing; the rollout engine's ``scheduling="static"`` issues one call at a time
-where bit-exact reruns matter.
+which depends on timing; the rollout engine's ``scheduling="lockstep"`` issues one call at a time,
+in an order that timing cannot change, where bit-exact reruns matter.
 """
 
 from __future__ import annotations
