@@ -10,7 +10,8 @@ on 2 cores; ``--model tiny`` is the smoke test's random model). Figures are prin
    Then the same prompts with every row decoding exactly ``--new`` tokens on both sides: ms per
    decode step, free of the run-to-run noise of how long sampled rows run.
 2. Multi-turn: N episodes (N/G tasks x G, as GRPO samples them) x up to T turns with a tool that
-   sleeps 200 ms after every action, at most ``--batch`` rows decoding at once (default N).
+   sleeps ``--sleep`` (default 200 ms; ``--jitter J``: a uniform draw in [sleep - J, sleep + J])
+   after every action, at most ``--batch`` rows decoding at once (default N).
    ``--prompt agent`` (default) renders a real tool-using prompt (the arithmetic environment's system
    prompt and calculator description, ~220 tokens); ``--prompt short`` a one-line one. Every side
    follows the engine's rules: a turn cut by the token limit ends its episode, and an action ends at
@@ -19,11 +20,12 @@ on 2 cores; ``--model tiny`` is the smoke test's random model). Figures are prin
 
    - ``engine``: our rollout engine, continuous scheduling -- each turn joins the running batch the
      moment its tool returns, and each episode's keys/values are kept between its turns;
+   - ``engine/lockstep``: the same engine with ``scheduling="lockstep"`` (every live episode's turn
+     in one wave, issued when the last tool has returned; bit-exact reruns), to separate what the
+     decode loop buys from what the scheduling buys;
    - ``waves/generate``: what a loop around ``model.generate`` does -- every live episode's turn in
      lock-step (generate the wave in batches, re-reading every context from scratch; then all tools
-     concurrently; then the next wave);
-   - ``waves/ours``: the same lock-step loop over our backend (finished rows dropped, prefix cache),
-     to separate what the decode loop buys from what the scheduling buys.
+     concurrently; then the next wave).
 
    Samples differ between sides (different random streams), so episodes differ in length: compare
    turns/s and tokens/s, printed with the work each side did.
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import statistics
 import time
 
@@ -90,7 +93,8 @@ class _Parser:
 
 
 class SleepEnv(BaseEnvironment):
-    """Every action gets a 200 ms 'tool' observation; never finishes (runs to max_turns).
+    """Every action gets a 'tool' observation after ``sleep_s`` (+- a uniform ``jitter_s``); never
+    finishes (runs to max_turns).
 
     ``agent=True`` renders like a real tool-using agent: the ``arithmetic`` environment's system
     prompt, calculator tool description and parser (a ~220-token prompt), on its training problems.
@@ -99,8 +103,10 @@ class SleepEnv(BaseEnvironment):
 
     name = "sleep"
 
-    def __init__(self, sleep_s: float = 0.2, single_turn: bool = False, agent: bool = False) -> None:
-        self.sleep_s, self.single_turn = sleep_s, single_turn
+    def __init__(
+        self, sleep_s: float = 0.2, single_turn: bool = False, agent: bool = False, jitter_s: float = 0.0
+    ) -> None:
+        self.sleep_s, self.single_turn, self.jitter_s = sleep_s, single_turn, jitter_s
         self.tools: list = []
         self.parser = _Parser()
         self.system_prompt = "You are a helpful assistant."
@@ -116,7 +122,7 @@ class SleepEnv(BaseEnvironment):
     async def step(self, action: ParsedAction) -> StepResult:
         if self.single_turn:
             return StepResult(terminated=True)
-        await asyncio.sleep(self.sleep_s)
+        await asyncio.sleep(max(0.0, self.sleep_s + random.uniform(-self.jitter_s, self.jitter_s)))
         return StepResult(observations=[Message(role="user", content="Tool says: 42. Continue.")])
 
     def tasks(self, split):
@@ -250,7 +256,7 @@ def sentence_end_ids(tok) -> set[int]:
     return {i for i in range(len(tok)) if tok.decode([i]).rstrip(" ").endswith(ends)}
 
 
-def bench_multi(model, tok, n, group, new, turns, sleep_s, bs, agent):
+def bench_multi(model, tok, n, group, new, turns, sleep_s, bs, agent, jitter_s=0.0):
     tasks = _tasks(n // group, agent)
     episodes = [t for t in tasks for _ in range(group)]  # the engine's order: G episodes per task
     cfg = RolloutConfig(
@@ -261,47 +267,41 @@ def bench_multi(model, tok, n, group, new, turns, sleep_s, bs, agent):
     )
 
     def make_env():
-        return SleepEnv(sleep_s, agent=agent)
+        return SleepEnv(sleep_s, agent=agent, jitter_s=jitter_s)
 
     # an action ends at the end of its first sentence (or turn): short turns, so episodes really
     # run several turns instead of rambling into the token limit on the first
     stop_ids = set(ChatFormat(tok).end_of_turn_ids) | sentence_end_ids(tok)
     cfg.sampling.stop_token_ids = sorted(stop_ids)
     rows = []
-
-    backend = HFBackend(model, tok, max_batch_size=bs, autocast_dtype=AUTOCAST)
-    eng = RolloutEngine(backend, tok, cfg)
-    t0 = time.perf_counter()
-    groups = eng.run_groups(make_env, tasks, group_size=group)
-    trajs = [t for g in groups for t in g.trajectories]
-    rows.append(
-        (
-            "engine",
-            time.perf_counter() - t0,
-            sum(len(t.turns) for t in trajs),
-            sum(t.num_action_tokens for t in trajs),
+    for name, scheduling in (("engine", "continuous"), ("engine/lockstep", "lockstep")):
+        backend = HFBackend(model, tok, max_batch_size=bs, autocast_dtype=AUTOCAST)
+        eng = RolloutEngine(backend, tok, cfg.model_copy(update={"scheduling": scheduling}))
+        t0 = time.perf_counter()
+        groups = eng.run_groups(make_env, tasks, group_size=group)
+        trajs = [t for g in groups for t in g.trajectories]
+        rows.append(
+            (
+                name,
+                time.perf_counter() - t0,
+                sum(len(t.turns) for t in trajs),
+                sum(t.num_action_tokens for t in trajs),
+            )
         )
-    )
-    hit, fed = backend.stats["prefix_hit_tokens"], backend.stats["prefill_tokens"]
+        if scheduling == "continuous":
+            hit, fed = backend.stats["prefix_hit_tokens"], backend.stats["prefill_tokens"]
 
     async def by_generate(prompts):
         return _generate(model, tok, prompts, new, stop_ids)
 
-    ours = HFBackend(model, tok, max_batch_size=bs, autocast_dtype=AUTOCAST)
-    params = cfg.sampling.model_copy(update={"max_new_tokens": new, "stop_token_ids": sorted(stop_ids)})
-
-    async def by_ours(prompts):
-        return [(r.token_ids, r.finish_reason) for r in await ours.generate(prompts, params)]
-
-    for name, gen in (("waves/generate", by_generate), ("waves/ours", by_ours)):
-        torch.manual_seed(0)
-        t0 = time.perf_counter()
-        n_turns, n_tokens = asyncio.run(_waves(tok, episodes, turns, make_env, bs, gen))
-        rows.append((name, time.perf_counter() - t0, n_turns, n_tokens))
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    n_turns, n_tokens = asyncio.run(_waves(tok, episodes, turns, make_env, bs, by_generate))
+    rows.append(("waves/generate", time.perf_counter() - t0, n_turns, n_tokens))
 
     print(
         f"== multi-turn, {'agent prompt' if agent else 'short prompt'}: {len(tasks)} tasks x G={group}, <= {turns} turns, "
-        f"tool sleeps {sleep_s * 1000:.0f} ms, batch <= {bs}, <= {new} new tokens/turn, autocast {AUTOCAST or 'off (fp32)'} =="
+        f"tool sleeps {sleep_s * 1000:.0f} +- {jitter_s * 1000:.0f} ms, batch <= {bs}, <= {new} new tokens/turn, autocast {AUTOCAST or 'off (fp32)'} =="
     )
     for name, dt, n_turns, n_tokens in rows:
         print(
@@ -453,6 +453,7 @@ def main() -> None:
         "--batch", type=int, default=None, help="multi-turn: most rows decoding at once (default n)"
     )
     ap.add_argument("--sleep", type=float, default=0.2)
+    ap.add_argument("--jitter", type=float, default=0.0, help="multi-turn: tool latency +- this (uniform), s")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument(
         "--model", default="smollm2-135m", help="a load_model name/path, or 'tiny' (random, smoke test)"
@@ -480,7 +481,16 @@ def main() -> None:
         bench_single(model, tok, a.n, a.new, a.reps)
     if not a.skip_multi:
         bench_multi(
-            model, tok, a.n, a.group, a.multi_new, a.turns, a.sleep, a.batch or a.n, a.prompt == "agent"
+            model,
+            tok,
+            a.n,
+            a.group,
+            a.multi_new,
+            a.turns,
+            a.sleep,
+            a.batch or a.n,
+            a.prompt == "agent",
+            a.jitter,
         )
 
 

@@ -116,11 +116,13 @@ def test_rollout_benchmark_runs_every_side_on_a_tiny_model(capsys) -> None:
 
     model, tok = tiny_model()
     rollout.bench_single(model, tok, n=3, new=5, reps=1)
-    rollout.bench_multi(model, tok, n=4, group=2, new=4, turns=2, sleep_s=0.01, bs=4, agent=True)
+    rollout.bench_multi(
+        model, tok, n=4, group=2, new=4, turns=2, sleep_s=0.01, bs=4, agent=True, jitter_s=0.005
+    )
     out = capsys.readouterr().out
     assert "engine" in out and "generate" in out and "x turns/s" in out
     multi = out.split("== multi-turn")[1].splitlines()
-    for side in ("engine:", "waves/generate:", "waves/ours:"):
+    for side in ("engine:", "engine/lockstep:", "waves/generate:"):
         line = next(ln for ln in multi if ln.strip().startswith(side))
         turns = int(line.split(":")[1].split()[0])
         assert 2 <= turns <= 4 * 2  # every episode took at least its first turn, at most 2

@@ -165,3 +165,35 @@ def test_no_shared_pass_when_prompts_differ(model):
 
     ids, _, mask = batch(model.config.vocab_size)
     assert _shared_prefixes(ids, mask) is None
+
+
+def test_shared_prefix_rows_are_selected_exactly_with_a_reproducible_gradient():
+    """``_select_rows`` copies rows exactly, and the gradient of a row shared by many comes back as
+    their sum, bit-identical from one backward pass to the next (indexing's accumulating backward
+    adds them in a thread-dependent order on CPU)."""
+    from transformers import DynamicCache
+
+    from flowgrpo.modeling.logprobs import _select_rows
+
+    gen = torch.Generator().manual_seed(0)
+    keys = torch.randn(3, 2, 40, 16, generator=gen)  # (U, heads, P, D)
+    values = torch.randn(3, 2, 40, 16, generator=gen)
+    index = torch.tensor([0, 0, 1, 2, 2, 2, 0, 1])  # (B,): rows sharing a prefix
+    up = torch.randn(8, 2, 40, 16, generator=gen)  # (B, heads, P, D): a gradient from above
+
+    def grads():
+        k, v = keys.clone().requires_grad_(), values.clone().requires_grad_()
+        cache = DynamicCache()
+        cache.update(k, v, 0)
+        _select_rows(cache, index)
+        layer = cache.layers[0]
+        assert torch.equal(layer.keys, keys[index]) and torch.equal(layer.values, values[index])
+        ((layer.keys + layer.values) * up).sum().backward()
+        return k.grad, v.grad
+
+    gk, gv = grads()
+    expected = torch.zeros_like(keys).index_add_(0, index, up)  # the rows' gradients summed
+    assert torch.allclose(gk, expected, atol=1e-6) and torch.allclose(gv, expected, atol=1e-6)
+    for _ in range(3):
+        k2, v2 = grads()
+        assert torch.equal(k2, gk) and torch.equal(v2, gv)

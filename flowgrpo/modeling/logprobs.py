@@ -169,14 +169,30 @@ def _shared_prefixes(
     return _PrefixPlan(prefixes, group, lens, root)
 
 
+def _select_rows(cache, index: torch.Tensor) -> None:
+    """Keep rows ``index`` ``(B,)`` of every cache layer, as ``DynamicCache.batch_select_indices``
+    does, but as a one-hot matmul: indexing with repeated rows back-propagates through an
+    accumulating ``index_put`` whose CPU kernel adds the rows' gradients in a thread-dependent order,
+    so two identical backward passes differed in the last bits (and whole runs parted from there).
+    A matmul's sums have a fixed order, and its forward is exact (each output row is one input row
+    times 1)."""
+    for layer in cache.layers:
+        if layer.keys is None or layer.keys.numel() == 0:
+            continue
+        n = layer.keys.shape[0]
+        onehot = torch.nn.functional.one_hot(index, n).to(layer.keys.dtype)  # (B, n)
+        layer.keys = torch.einsum("bn,n...->b...", onehot, layer.keys)  # (B, heads, P, D)
+        layer.values = torch.einsum("bn,n...->b...", onehot, layer.values)
+
+
 def _hidden_with_shared_prefixes(backbone, input_ids, attention_mask, plan: _PrefixPlan) -> torch.Tensor:
     """Hidden states of every row's tokens after its prefix, ``(B, S)`` aligned at the prefix end.
 
     Pass 0 (when ``plan.root_len``) runs the tokens common to every prefix once and expands its
     keys/values to one row per distinct prefix. Pass 1 runs each distinct prefix (after the root)
     once, left-padded to P, keeping its keys/values (with their graph). The cache rows are expanded
-    to one per row (an index_select: gradients of rows sharing a prefix add up, as they would in B
-    separate passes). Pass 2 runs every row's remaining tokens, right-padded to S, with explicit
+    to one per row (:func:`_select_rows`: gradients of rows sharing a prefix add up, as they would in
+    B separate passes, in a fixed order). Pass 2 runs every row's remaining tokens, right-padded to S, with explicit
     positions, attending to its prefix through the cache.
     """
     from transformers import DynamicCache
@@ -190,7 +206,7 @@ def _hidden_with_shared_prefixes(backbone, input_ids, attention_mask, plan: _Pre
     if R:
         root = torch.tensor([plan.prefixes[0][:R]], dtype=torch.long, device=dev)  # (1, R)
         backbone(input_ids=root, use_cache=True, **cache_kwargs(cache))
-        cache.batch_select_indices(torch.zeros(U, dtype=torch.long, device=dev))  # (U, heads, R, D)
+        _select_rows(cache, torch.zeros(U, dtype=torch.long, device=dev))  # (U, heads, R, D)
     pre_ids = torch.zeros((U, P - R), dtype=torch.long, device=dev)
     pre_mask = torch.zeros((U, P), dtype=torch.long, device=dev)
     pre_mask[:, :R] = 1
@@ -207,7 +223,7 @@ def _hidden_with_shared_prefixes(backbone, input_ids, attention_mask, plan: _Pre
         use_cache=True,
         **cache_kwargs(cache),
     )
-    cache.batch_select_indices(torch.tensor(plan.group, device=dev))  # (B, heads, P, D) per layer
+    _select_rows(cache, torch.tensor(plan.group, device=dev))  # (B, heads, P, D) per layer
 
     lens = attention_mask.sum(-1) if attention_mask is not None else torch.full((B,), T, device=dev)  # (B,)
     rest = lens - plan.prefix_len  # (B,) tokens after the prefix
