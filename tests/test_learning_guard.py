@@ -206,19 +206,23 @@ def test_guard_fails_when_the_action_mask_is_off_by_one(tmp_path, monkeypatch):
 
 
 def test_a_long_noisy_run_keeps_what_it_learned(tmp_path):
-    """Learn the task (noiseless, 60 steps), then 160 steps under irreducible reward noise at the
-    same learning rate: the policy reaches the optimum and keeps it at every evaluation, it does
-    not drift off it."""
+    """Learn the task (noiseless, 60-120 steps, until >= 0.9), then 160 steps under irreducible
+    reward noise at the same learning rate: the policy keeps the optimum at every evaluation, it
+    does not drift off it."""
     coin = CoinReward(seed=0)
     tr = guard_trainer(tmp_path, "train.lr=5e-3", coin=coin, free_tokens=True)
     # one row per decode step: a row's logprobs then never depend on which rows shared its step
     # (timing-dependent under continuous batching), so the run is the same every time on a machine
     tr.parts.backend.max_batch_size = 1
     rewards_of(tr, 60)
-    learned = tr.evaluate("train", greedy=False, samples=8).accuracy
+    learned = [tr.evaluate("train", greedy=False, samples=8).accuracy]
+    while learned[-1] < 0.9 and len(learned) < 4:  # noiseless until learned (chance: 1/8), <= 120 steps
+        rewards_of(tr, 20)
+        learned.append(tr.evaluate("train", greedy=False, samples=8).accuracy)
+    assert learned[-1] >= 0.9, learned
     coin.noisy = True
     curve = []
     for _ in range(4):
         rewards_of(tr, 40)
         curve.append(tr.evaluate("train", greedy=False, samples=8).accuracy)
-    assert learned >= 0.5 and min(curve) >= 0.9, (learned, curve)  # chance: 1/8 (both turns right)
+    assert min(curve) >= 0.9, (learned, curve)
