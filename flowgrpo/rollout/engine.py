@@ -11,7 +11,7 @@ room for one more token ends it with ``context_overflow``; generation is capped 
 and an action cut by that cap also ends it with ``context_overflow``).
 
 Why a scheduler. A model decodes a batch far faster per token than one sequence at a time, but
-episodes wait on tools at different moments. Two schedules:
+episodes wait on tools at different moments. Three schedules:
 
 - ``continuous`` (default, for backends with ``continuous_batching`` such as ``hf``): each
   episode sends its turn the moment it is ready; the backend admits it into the batch that is
