@@ -216,10 +216,11 @@ class _Batcher:
         wait_s: float,
         *,
         lockstep: bool = False,
+        expected: int = 0,
     ) -> None:
         self.backend, self.params, self.max_batch, self.wait_s = backend, params, max_batch, wait_s
         self.lockstep = lockstep
-        self.expected = 0  # episodes of this rollout; a lockstep wave waits until all have started
+        self.expected = expected  # episodes of this rollout; a lockstep wave waits until all have started
         self.started = 0
         self.pending: list[_Request] = []
         self.live = 0
@@ -396,9 +397,13 @@ class RolloutEngine:
         params = cfg.sampling.model_copy(update={"max_new_tokens": cfg.max_new_tokens})
         max_batch = cfg.max_batch_size or backend.max_batch_size
         batcher = _Batcher(
-            backend, params, max_batch, cfg.batch_wait_ms / 1000, lockstep=cfg.scheduling == "lockstep"
+            backend,
+            params,
+            max_batch,
+            cfg.batch_wait_ms / 1000,
+            lockstep=cfg.scheduling == "lockstep",
+            expected=len(tasks) * group_size,
         )
-        batcher.expected = len(tasks) * group_size
         continuous = cfg.scheduling == "continuous" and backend.continuous_batching
         in_flight = asyncio.Semaphore(max_batch)
         episodes = first_episode
