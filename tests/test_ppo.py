@@ -196,10 +196,11 @@ def test_tiny_ppo_run_value_loss_falls(tmp_path, layout):
             "run.progress=false",
             "run.save_every=0",
             "model.autocast=null",
+            "model.rollout_dtype=float32",  # the same run on every CPU: a bf16 copy samples differently per kernel
             "rollout.max_turns=1",
             "rollout.max_new_tokens=3",
             "rewards=[{name: first_token}]",
-            "train.steps=10",
+            "train.steps=20",  # the shared head's loss still swings 0.04-0.12 at steps 6-10; by 18-20 it is <= 0.02
             "train.tasks_per_step=4",
             "train.group_size=4",
             "train.lr=1e-3",
@@ -216,7 +217,7 @@ def test_tiny_ppo_run_value_loss_falls(tmp_path, layout):
     tr = Trainer(cfg, model=model, tokenizer=tok, env_factory=_PromptRewardEnv, reward=reward)
     tr.train()
     rows = [m.values for m in RunDir(tmp_path / layout).metrics() if "ppo/vf_loss" in m.values]
-    assert len(rows) == 10
+    assert len(rows) == 20
     first = sum(r["ppo/vf_loss"] for r in rows[:3]) / 3
     last = sum(r["ppo/vf_loss"] for r in rows[-3:]) / 3
     assert last < 0.5 * first, (first, last)
