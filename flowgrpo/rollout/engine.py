@@ -215,8 +215,8 @@ class _Batcher:
         max_batch: int,
         wait_s: float,
         *,
-        lockstep: bool = False,
-        expected: int = 0,
+        lockstep: bool,
+        expected: int,
     ) -> None:
         self.backend, self.params, self.max_batch, self.wait_s = backend, params, max_batch, wait_s
         self.lockstep = lockstep
