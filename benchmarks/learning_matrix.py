@@ -26,8 +26,8 @@ An arm's checkpoints (~2.6 GB for the calculator agent: the warm start and the s
 back, since the table needs only ``eval.jsonl``; ``--keep-checkpoints`` keeps them, to export or
 resume an arm.
 
-Every arm records the machine it ran on (CPU model and flags, GPU, torch) in ``machine.json``; the
-table names it per row. Compare an arm only with its own warm start and with arms of the same machine.
+Every arm records the machine it ran on (CPU model and flags, GPU, torch) in ``machine.json`` and
+its wall time and peak resident memory in ``wall.json``; the table names both per row. Compare an arm only with its own warm start and with arms of the same machine.
 """
 
 from __future__ import annotations
@@ -113,11 +113,21 @@ def run_arm(
     cmd = [sys.executable, "-m", "flowgrpo", "train", config, "--eval-n", str(eval_n), "--untrained-n", "0"]
     cmd += ["--no-report"] + [a for s in sets for a in ("--set", s)]
     print("$", " ".join(cmd), flush=True)
-    t0 = time.monotonic()
-    with open(out / "train.log", "w") as log:
-        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
-    (out / "wall.json").write_text(json.dumps({"rc": rc, "wall_min": (time.monotonic() - t0) / 60}))
+    rc, wall_min, peak_gb = run_logged(cmd, out / "train.log")
+    (out / "wall.json").write_text(json.dumps({"rc": rc, "wall_min": wall_min, "peak_rss_gb": peak_gb}))
     return rc
+
+
+def run_logged(cmd: list[str], log: Path) -> tuple[int, float, float]:
+    """Run ``cmd`` with its output in ``log``; returns its exit code, wall minutes and peak resident
+    memory in GB (``ru_maxrss`` of that child from ``os.wait4``). An arm's peak is what decides
+    whether a recipe fits a machine: a 12-step search run outgrew 24 GiB (docs/learning.md 10.3)."""
+    t0 = time.monotonic()
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+        _, status, rusage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, (time.monotonic() - t0) / 60, rusage.ru_maxrss * 1024 / 1e9
 
 
 def prune_checkpoints(out: Path) -> int:
@@ -151,7 +161,9 @@ class Arm:
         mfile = out / "machine.json"
         self.machine = json.loads(mfile.read_text()) if mfile.is_file() else {}
         wall = out / "wall.json"
-        self.wall_min = json.loads(wall.read_text())["wall_min"] if wall.is_file() else None
+        spent = json.loads(wall.read_text()) if wall.is_file() else {}
+        self.wall_min: float | None = spent.get("wall_min")
+        self.peak_rss_gb: float | None = spent.get("peak_rss_gb")
 
 
 def difference_cells(c: PairedComparison) -> str:
@@ -160,9 +172,16 @@ def difference_cells(c: PairedComparison) -> str:
     return f"{100 * c.difference:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] | {c.p_value:.2g}"
 
 
+def wall_cell(arm: Arm) -> str:
+    """``47 min, peak 17.3 GB``: what the arm cost, where it was recorded."""
+    parts = [f"{arm.wall_min:.0f} min"] if arm.wall_min else []
+    parts += [f"peak {arm.peak_rss_gb:.1f} GB"] if arm.peak_rss_gb else []
+    return ", ".join(parts) or "-"
+
+
 def table(rows: list[tuple[str, Arm]], pooled: PairedComparison | None) -> str:
     head = (
-        "| arm | machine | warm start | after RL | difference [95% CI] | p | curve during RL | wall |\n"
+        "| arm | machine | warm start | after RL | difference [95% CI] | p | curve during RL | wall, memory |\n"
         "|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
@@ -174,7 +193,7 @@ def table(rows: list[tuple[str, Arm]], pooled: PairedComparison | None) -> str:
             f"| {name} | {machine_label(arm.machine)} | {c.accuracy_a:.3f} | {c.accuracy_b:.3f} | "
             f"{difference_cells(c)} | "
             f"{curve}{f' (n={n_curve})' if n_curve else ''} | "
-            f"{f'{arm.wall_min:.0f} min' if arm.wall_min else '-'} |"
+            f"{wall_cell(arm)} |"
         )
     if pooled is not None:
         machines = {machine_label(arm.machine) for _, arm in rows}

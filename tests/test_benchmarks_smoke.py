@@ -267,6 +267,19 @@ def test_sweep_tabulates_arms_and_plots_one_panel_per_warm_start(tmp_path, capsy
         main(["--root", str(tmp_path), "missing"])
 
 
+def test_learning_matrix_records_an_arms_own_peak_memory(tmp_path) -> None:
+    import sys
+
+    from benchmarks.learning_matrix import run_logged
+
+    grow = "b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096]); print('done')"
+    rc, wall_min, peak_gb = run_logged([sys.executable, "-c", grow], tmp_path / "log")
+    assert rc == 0 and (tmp_path / "log").read_text() == "done\n"
+    assert 0.3 < peak_gb < 2.0 and 0 < wall_min < 1  # the child's 300 MiB, not the test process's
+    rc, _, _ = run_logged([sys.executable, "-c", "raise SystemExit(3)"], tmp_path / "log")
+    assert rc == 3
+
+
 def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
     tmp_path, capsys, monkeypatch
 ) -> None:
@@ -294,6 +307,9 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
     # seed 0: 3 tasks fixed, 1 broken; seed 1: 2 fixed, 0 broken (its curve: a 2-task evaluation)
     arm("fp32-seed0", [1, 0, 0, 0, 1, 1], [1, 1, 1, 1, 0, 1])
     arm("fp32-seed1", [0, 0, 1, 1], [1, 1, 1, 1], curve=[1, 0])
+    (tmp_path / "calculator_agent" / "fp32-seed1" / "wall.json").write_text(
+        json.dumps({"rc": 0, "wall_min": 46.6, "peak_rss_gb": 17.34})
+    )
     rc = main(
         ["--config", "examples/calculator_agent.yaml", "--seeds", "0", "1", "2", "--root", str(tmp_path)]
     )
@@ -304,6 +320,7 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
     assert s0[1:4] == ["2-core CPU (avx512_bf16)", "0.500", "0.833"]
     assert s0[4].startswith("+33.3 [") and s0[5] == "0.62"  # McNemar 3 vs 1: p = 2 * 5/16
     assert s1[4].startswith("+50.0 [") and s1[5] == "0.5" and s1[6] == "0.50 (n=2)"
+    assert s1[7] == "47 min, peak 17.3 GB |" and s0[7] == "- |"
     pooled = rows["**pooled** (2 arms, n=10)"]
     assert (
         pooled[1:4] == ["2-core CPU (avx512_bf16)", "0.500", "0.900"] and pooled[5] == "0.22"
