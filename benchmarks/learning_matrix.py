@@ -27,7 +27,8 @@ back, since the table needs only ``eval.jsonl``; ``--keep-checkpoints`` keeps th
 resume an arm.
 
 Every arm records the machine it ran on (CPU model and flags, GPU, torch) in ``machine.json`` and
-its wall time and peak resident memory in ``wall.json``; the table names both per row. Compare an arm only with its own warm start and with arms of the same machine.
+its wall time and peak resident memory in ``wall.json``; the table names both per row. Compare an
+arm only with its own warm start and with arms of the same machine.
 """
 
 from __future__ import annotations
