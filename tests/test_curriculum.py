@@ -11,6 +11,7 @@ from flowgrpo.algorithms.curriculum import (
     TaskStream,
     make_sampler,
     pass_rate_weight,
+    weighted_cycle,
 )
 from flowgrpo.config import ConfigError, load_config
 from flowgrpo.env import register
@@ -135,6 +136,43 @@ def test_stratified_state_resumes_exactly_and_a_new_stage_restarts():
         StratifiedStream(typed("ab"), 0, "kind").load_state_dict(TaskStream(tasks(2), 0).state_dict())
     with pytest.raises(ValueError, match=r"stratify_by"):
         TaskStream(tasks(2), 0).load_state_dict(state)
+
+
+def test_weighted_cycle_spreads_each_value_by_its_share():
+    assert weighted_cycle([1, 1, 1]) == [0, 1, 2]  # equal shares: the plain k mod V turn
+    assert weighted_cycle([2, 1]) == [0, 1, 0]
+    # (3, 1): credits [3,1] -> 0 -> [-1,1]; [2,2] -> 0 (tie, lower index) -> [-2,2]; [1,3] -> 1 -> [1,-1];
+    # [4,0] -> 0 -> [0,0]: back where it started, so the cycle repeats exactly
+    assert weighted_cycle([3, 1]) == [0, 0, 1, 0]
+    assert weighted_cycle([1, 2]) == [1, 0, 1]
+
+
+def test_stratify_weights_set_each_values_share_of_a_step():
+    s = StratifiedStream(typed("aaaaabbb"), seed=0, key="kind", weights={"a": 2, "b": 1})
+    assert [t.metadata["kind"] for t in s.next(6)] == list("abaaba")  # 4 + 2 in a step of 6
+    assert [t.metadata["kind"] for t in s.next(3)] == list("aba")
+    state = s.state_dict()
+    resumed = StratifiedStream(typed("aaaaabbb"), seed=0, key="kind", weights={"a": 2, "b": 1})
+    resumed.load_state_dict(state)
+    assert [t.id for t in resumed.next(5)] == [t.id for t in s.next(5)]
+    with pytest.raises(
+        ValueError, match=r"cycle \[0, 1, 0\], this config in \[0, 1\]; resume it with the same"
+    ):
+        StratifiedStream(typed("aaaaabbb"), seed=0, key="kind").load_state_dict(state)
+    with pytest.raises(ValueError, match=r"names the values \['a'\], but the training tasks' 'kind' takes"):
+        StratifiedStream(typed("ab"), 0, "kind", weights={"a": 1})
+
+
+def test_stratify_weights_config():
+    cfg = load_config(None, ["curriculum.stratify_by=hops", "curriculum.stratify_weights={1: 2, 2: 1}"])
+    assert cfg.curriculum.stratify_weights == {"1": 2, "2": 1}  # matched against metadata as text
+    hops = [Task(id=f"q{i}", prompt=str(i), metadata={"hops": h}) for i, h in enumerate([1, 2, 1, 2])]
+    s = make_sampler(cfg.curriculum, hops, 0)
+    assert [t.metadata["hops"] for t in s.next(6)] == [1, 2, 1, 1, 2, 1]  # int values, weighed as text
+    with pytest.raises(ConfigError, match=r"stratify_weights weighs the values of curriculum\.stratify_by"):
+        load_config(None, ["curriculum.stratify_weights={1: 2}"])
+    with pytest.raises(ConfigError, match=r"whole number >= 1, got \{'1': 0\}"):
+        load_config(None, ["curriculum.stratify_by=hops", "curriculum.stratify_weights={1: 0}"])
 
 
 def test_stratify_by_names_a_field_every_task_carries():

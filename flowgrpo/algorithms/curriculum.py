@@ -15,6 +15,8 @@ A stratified stream (``curriculum.stratify_by``) gives every value of a task met
 uniform draw is often lopsided (6 tasks from a 50/50 mix hold 5 or 6 of one kind with probability
 14/64 = 0.22), and one Adam step on such a batch moves the policy toward what that kind needs and
 away from what the other needs: a seesaw between steps (docs/learning.md section 9.7).
+``curriculum.stratify_weights`` sets other shares (``{1: 2, 2: 1}``: two 1-hop questions for every
+2-hop one), for when one kind's groups push a shared decision harder than the other's (section 9.16).
 
 A difficulty schedule (``curriculum.difficulty``) rebuilds the environment with other keyword
 arguments from a given step on (e.g. ``arithmetic``'s ``difficulty: 2`` after step 50); the task
@@ -32,7 +34,7 @@ import random
 from collections.abc import Sequence
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from flowgrpo.algorithms.episodes import accuracy_of
 from flowgrpo.types import Task, TrajectoryGroup
@@ -69,10 +71,32 @@ class CurriculumConfig(BaseModel):
         description="uniform: a task metadata field (e.g. hops) whose values take turns in every step's "
         "draw, each value from its own reshuffled stream, so each step holds them in equal shares",
     )
+    stratify_weights: dict[str, int] | None = Field(
+        None,
+        description="with stratify_by: each value's share of every step as a whole number, e.g. "
+        "{1: 2, 2: 1} draws values 1, 2, 1, 1, 2, 1, ... (null: equal shares); every value of the "
+        "field needs a weight",
+    )
     difficulty: list[DifficultyStage] = Field(
         default_factory=list,
         description="stages [{from_step: N, env_kwargs: {...}}]: the environment's kwargs from step N on",
     )
+
+    @field_validator("stratify_weights", mode="before")
+    @classmethod
+    def _weights_by_text(cls, v: Any) -> Any:
+        """Metadata values are matched as text, so YAML's ``{1: 2}`` names the value ``"1"``."""
+        return {str(k): w for k, w in v.items()} if isinstance(v, dict) else v
+
+    @field_validator("stratify_weights")
+    @classmethod
+    def _weights_positive(cls, v: dict[str, int] | None) -> dict[str, int] | None:
+        if v is not None and (not v or min(v.values()) < 1):
+            raise ValueError(
+                f"curriculum.stratify_weights must give every value a whole number >= 1, got {v}: leave "
+                "a kind out of training by filtering the environment's tasks, not with a weight of 0"
+            )
+        return v
 
     @model_validator(mode="after")
     def _stages_ordered(self) -> CurriculumConfig:
@@ -86,6 +110,11 @@ class CurriculumConfig(BaseModel):
             raise ValueError(
                 f"curriculum.stratify_by balances the uniform stream; with curriculum.sampler={self.sampler} "
                 "drop stratify_by, or set curriculum.sampler=uniform"
+            )
+        if self.stratify_weights is not None and self.stratify_by is None:
+            raise ValueError(
+                "curriculum.stratify_weights weighs the values of curriculum.stratify_by, which is not set: "
+                "set stratify_by (e.g. curriculum.stratify_by=hops) or drop stratify_weights"
             )
         return self
 
@@ -166,16 +195,36 @@ class TaskStream:
         self._order = self._shuffle()
 
 
-class StratifiedStream:
-    """An endless stream whose draws cycle through the values of ``task.metadata[key]``: the k-th
-    task drawn since the stage began comes from value ``k mod V`` (values sorted as text), each
-    value from its own :class:`TaskStream` over its tasks. A step of ``n`` tasks therefore holds
-    every value ``floor(n / V)`` or ``ceil(n / V)`` times, whatever the mix of the task list; a
-    value with fewer tasks comes round again sooner. Its state (draw count, stage, one stream state
-    per value) resumes exactly."""
+def weighted_cycle(weights: Sequence[int]) -> list[int]:
+    """One cycle of smooth weighted round-robin over indices ``0..V-1``: index ``i`` appears
+    ``weights[i]`` times in ``sum(weights)`` draws, spread out rather than bunched, so a step shorter
+    than the cycle still holds each value near its share. Equal weights give ``0, 1, ..., V-1``;
+    ``(2, 1)`` gives ``0, 1, 0``. At each draw every index gains its weight, the largest total is
+    drawn (ties to the lower index) and pays back the sum of the weights."""
+    total = sum(weights)
+    credit = [0] * len(weights)
+    cycle = []
+    for _ in range(total):
+        credit = [c + w for c, w in zip(credit, weights, strict=True)]
+        i = max(range(len(weights)), key=lambda j: (credit[j], -j))
+        credit[i] -= total
+        cycle.append(i)
+    return cycle
 
-    def __init__(self, tasks: Sequence[Task], seed: int, key: str) -> None:
-        self.seed, self.key = seed, key
+
+class StratifiedStream:
+    """An endless stream whose draws cycle through the values of ``task.metadata[key]``, each value
+    from its own :class:`TaskStream` over its tasks (values sorted as text). With equal shares the
+    k-th task drawn since the stage began comes from value ``k mod V``, so a step of ``n`` tasks holds
+    every value ``floor(n / V)`` or ``ceil(n / V)`` times, whatever the mix of the task list; a value
+    with fewer tasks comes round again sooner. ``weights`` (value -> whole number) gives value ``v``
+    ``weights[v]`` of every ``sum(weights)`` draws instead (:func:`weighted_cycle`). Its state (draw
+    count, stage, the cycle, one stream state per value) resumes exactly."""
+
+    def __init__(
+        self, tasks: Sequence[Task], seed: int, key: str, weights: dict[str, int] | None = None
+    ) -> None:
+        self.seed, self.key, self.weights = seed, key, weights
         self.drawn = 0
         self.stage = -1
         self._split(tasks)
@@ -193,11 +242,20 @@ class StratifiedStream:
         self.streams = [
             TaskStream(strata[v], self.seed * 1_000_003 + 7919 * i) for i, v in enumerate(self.values)
         ]
+        if self.weights is None:
+            self.cycle = list(range(len(self.values)))
+        elif sorted(self.weights) != self.values:
+            raise ValueError(
+                f"curriculum.stratify_weights names the values {sorted(self.weights)}, but the training "
+                f"tasks' {self.key!r} takes the values {self.values}: give each of those one weight"
+            )
+        else:
+            self.cycle = weighted_cycle([self.weights[v] for v in self.values])
 
     def next(self, n: int) -> list[Task]:
         out = []
         for _ in range(n):
-            out += self.streams[self.drawn % len(self.streams)].next(1)
+            out += self.streams[self.cycle[self.drawn % len(self.cycle)]].next(1)
             self.drawn += 1
         return out
 
@@ -215,13 +273,24 @@ class StratifiedStream:
             stream.load_state_dict(state)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"drawn": self.drawn, "stage": self.stage, "strata": [s.state_dict() for s in self.streams]}
+        return {
+            "drawn": self.drawn,
+            "stage": self.stage,
+            "cycle": list(self.cycle),
+            "strata": [s.state_dict() for s in self.streams],
+        }
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
         if "strata" not in s or len(s["strata"]) != len(self.streams):
             raise ValueError(
                 f"the checkpoint's task stream is not stratified by {self.key!r} over {len(self.streams)} "
                 "values; resume it with the same curriculum.sampler and curriculum.stratify_by"
+            )
+        cycle = [int(i) for i in s.get("cycle", range(len(self.streams)))]  # saved before weights: equal
+        if cycle != self.cycle:
+            raise ValueError(
+                f"the checkpoint's task stream drew the values of {self.key!r} in the cycle {cycle}, this "
+                f"config in {self.cycle}; resume it with the same curriculum.stratify_weights"
             )
         self.drawn, self.stage = int(s["drawn"]), int(s["stage"])
         for stream, state in zip(self.streams, s["strata"], strict=True):
@@ -299,7 +368,7 @@ def make_sampler(cfg: CurriculumConfig, tasks: Sequence[Task], seed: int) -> Tas
     if cfg.sampler == "pass_rate":
         return PassRateSampler(tasks, seed, window=cfg.window, floor=cfg.floor)
     if cfg.stratify_by is not None:
-        return StratifiedStream(tasks, seed, cfg.stratify_by)
+        return StratifiedStream(tasks, seed, cfg.stratify_by, cfg.stratify_weights)
     return TaskStream(tasks, seed)
 
 
@@ -312,4 +381,5 @@ __all__ = [
     "TaskStream",
     "make_sampler",
     "pass_rate_weight",
+    "weighted_cycle",
 ]
