@@ -16,7 +16,7 @@ uniform draw is often lopsided (6 tasks from a 50/50 mix hold 5 or 6 of one kind
 14/64 = 0.22), and one Adam step on such a batch moves the policy toward what that kind needs and
 away from what the other needs: a seesaw between steps (docs/learning.md section 9.7).
 ``curriculum.stratify_weights`` sets other shares (``{1: 2, 2: 1}``: two 1-hop questions for every
-2-hop one), for when one kind's groups push a shared decision harder than the other's (section 9.16).
+2-hop one).
 
 A difficulty schedule (``curriculum.difficulty``) rebuilds the environment with other keyword
 arguments from a given step on (e.g. ``arithmetic``'s ``difficulty: 2`` after step 50); the task
