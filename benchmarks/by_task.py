@@ -14,7 +14,8 @@ With ``--steps`` it reads the trajectories each training step sampled (``RUN/tra
 instead, and each cell also counts the tasks (groups) of that kind in the step's batch: what each
 update was pushed toward. ``--decision N`` adds a table of the N-th turn of those episodes: how
 many called a tool there and how many did not (answered, or wrote no call), each with its mean
-advantage. It shows which way each step's update pushed that decision for each kind of task, e.g.
+advantage, and the push (the sum of the calls' advantages). It shows which way, and how hard, each
+step's update pushed that decision for each kind of task, e.g.
 whether 1-hop questions' groups rewarded stopping after one search while 2-hop ones rewarded
 searching again.
 """
@@ -31,7 +32,11 @@ from flowgrpo.types import Trajectory
 
 def decision_cell(trajs: list[Trajectory], turn: int) -> str:
     """Turn ``turn`` (0-based) of the episodes that reached it with an advantage: how many called a
-    tool and how many did not, each with its mean advantage."""
+    tool and how many did not, each with its mean advantage, and the push: the sum of the tool
+    calls' advantages. For a choice between calling and not at one context, the policy gradient
+    on the log-odds of calling is ``sum_i A_i (1[i called] - p)``, which is that sum wherever the
+    advantages of the episodes at the decision sum to zero, as a group's do (docs/learning.md
+    10.4). Negative: the update pulls toward not calling."""
     calls: list[float] = []
     other: list[float] = []
     for t in trajs:
@@ -41,7 +46,7 @@ def decision_cell(trajs: list[Trajectory], turn: int) -> str:
     def part(xs: list[float]) -> str:
         return f"{len(xs)} ({sum(xs) / len(xs):+.2f})" if xs else "0"
 
-    return f"{part(calls)} / {part(other)}"
+    return f"{part(calls)} / {part(other)}, push {sum(calls):+.2f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.decision:
         turn = args.decision
         print(
-            f"\nturn {turn} of the sampled episodes that reached it: tool calls (mean advantage) / other actions\n"
+            f"\nturn {turn} of the sampled episodes that reached it: tool calls (mean advantage) / other "
+            "actions, push (sum of the tool calls' advantages)\n"
         )
         print(f"| {args.key} | " + " | ".join(f"{label}, turn {turn}" for label in episodes) + " |")
         print("|---|" + "---|" * len(episodes))

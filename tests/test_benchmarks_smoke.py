@@ -208,7 +208,11 @@ def test_by_task_splits_recorded_evaluations_by_a_task_field(tmp_path, capsys) -
         append_line(tmp_path / "trajectories" / "step_000005.jsonl", encode_record(t))
     assert main([str(tmp_path), "--steps", "5", "--key", "hops", "--decision", "2"]) == 0
     rows = capsys.readouterr().out.splitlines()
-    assert rows[-3:] == ["|---|---|", "| 1 | 1 (-1.00) / 2 (+1.00) |", "| 2 | 1 (+2.00) / 0 |"]
+    assert rows[-3:] == [
+        "|---|---|",
+        "| 1 | 1 (-1.00) / 2 (+1.00), push -1.00 |",
+        "| 2 | 1 (+2.00) / 0, push +2.00 |",
+    ]
 
 
 def test_sweep_tabulates_arms_and_plots_one_panel_per_warm_start(tmp_path, capsys) -> None:
