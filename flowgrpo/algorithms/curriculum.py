@@ -242,15 +242,13 @@ class StratifiedStream:
         self.streams = [
             TaskStream(strata[v], self.seed * 1_000_003 + 7919 * i) for i, v in enumerate(self.values)
         ]
-        if self.weights is None:
-            self.cycle = list(range(len(self.values)))
-        elif sorted(self.weights) != self.values:
+        if self.weights is not None and sorted(self.weights) != self.values:
             raise ValueError(
                 f"curriculum.stratify_weights names the values {sorted(self.weights)}, but the training "
                 f"tasks' {self.key!r} takes the values {self.values}: give each of those one weight"
             )
-        else:
-            self.cycle = weighted_cycle([self.weights[v] for v in self.values])
+        shares = self.weights or dict.fromkeys(self.values, 1)
+        self.cycle = weighted_cycle([shares[v] for v in self.values])
 
     def next(self, n: int) -> list[Task]:
         out = []
