@@ -5,6 +5,7 @@ of the tasks' metadata.
     python -m benchmarks.by_task runs/calculator_agent warm step3 --key difficulty
     python -m benchmarks.by_task runs/search_agent --steps 1 2 3 --key hops
     python -m benchmarks.by_task runs/search_agent --steps 1 2 3 --key hops --decision 2
+    python -m benchmarks.by_task runs/search_agent warm step3 --key chain
 
 Reads ``RUN/eval/LABEL.jsonl`` (written by every recorded evaluation), looks each episode's task up
 in the run's environment, and prints, per value of ``task.metadata[KEY]`` and per label, the number
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 
+from flowgrpo.algorithms.curriculum import stratum_of
 from flowgrpo.algorithms.episodes import accuracy_of
 from flowgrpo.algorithms.stats import wilson_interval
 from flowgrpo.runs.rundir import RunDir, RunError
@@ -71,7 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run = RunDir(args.run)
         env = env_factory_of(run.config().env)()
-        value = {t.id: t.metadata.get(args.key) for split in ("train", "test") for t in env.tasks(split)}
+        value = {
+            t.id: stratum_of(t.metadata.get(args.key))
+            for split in ("train", "test")
+            for t in env.tasks(split)
+        }
         if args.steps:
             episodes = {f"step {k} (sampled)": run.trajectories(k) for k in args.steps}
         else:

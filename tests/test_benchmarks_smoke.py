@@ -171,6 +171,11 @@ def test_by_task_splits_recorded_evaluations_by_a_task_field(tmp_path, capsys) -
     rows = capsys.readouterr().out.splitlines()
     assert rows[2].startswith("| 1 | 1 / 2 [") and rows[2].endswith(", 2.00 |")
     assert rows[3].startswith("| 2 | 1 / 1 [") and rows[3].endswith(", 3.00 |")
+    assert main([str(tmp_path), "warm", "--key", "chain"]) == 0  # a list: one row per relation chain
+    rows = capsys.readouterr().out.splitlines()
+    chains = {" > ".join(t.metadata["chain"]) for t in one + two}
+    assert {r.split(" | ")[0].removeprefix("| ") for r in rows[2:]} == chains
+    assert any(" > " in c for c in chains)
     (tmp_path / "trajectories").mkdir()  # the same episodes as step 4's sampled batch: 2 + 1 tasks
     for t in trajs:
         append_line(tmp_path / "trajectories" / "step_000004.jsonl", encode_record(t))

@@ -175,6 +175,15 @@ def test_stratify_weights_config():
         load_config(None, ["curriculum.stratify_by=hops", "curriculum.stratify_weights={1: 0}"])
 
 
+def test_a_list_valued_field_names_its_strata_joined():
+    chains = [["city"], ["city", "country"], ["city"], ["year"]]  # e.g. multihop's relation chains
+    qs = [Task(id=f"q{i}", prompt=str(i), metadata={"chain": c}) for i, c in enumerate(chains)]
+    s = StratifiedStream(qs, seed=0, key="chain", weights={"city": 1, "city > country": 2, "year": 1})
+    assert s.values == ["city", "city > country", "year"]
+    step = [" > ".join(t.metadata["chain"]) for t in s.next(4)]  # the cycle 1 0 2 1 over the sorted names
+    assert step == ["city > country", "city", "year", "city > country"]
+
+
 def test_stratify_by_names_a_field_every_task_carries():
     with pytest.raises(ValueError, match=r"training task 't0' has no metadata field 'kind' \(it has \[\]\)"):
         StratifiedStream(tasks(2), 0, "kind")

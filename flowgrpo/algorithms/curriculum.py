@@ -195,6 +195,13 @@ class TaskStream:
         self._order = self._shuffle()
 
 
+def stratum_of(value: Any) -> str:
+    """A metadata value as the text that names its stratum: ``2`` -> ``"2"``, a list such as
+    multihop's relation chain ``["born_city", "country"]`` -> ``"born_city > country"`` (the name
+    ``curriculum.stratify_weights`` and ``benchmarks.by_task`` use for it)."""
+    return " > ".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
+
+
 def weighted_cycle(weights: Sequence[int]) -> list[int]:
     """One cycle of smooth weighted round-robin over indices ``0..V-1``: index ``i`` appears
     ``weights[i]`` times in ``sum(weights)`` draws, spread out rather than bunched, so a step shorter
@@ -237,7 +244,7 @@ class StratifiedStream:
                     f"curriculum.stratify_by={self.key!r}: training task {t.id!r} has no metadata field "
                     f"{self.key!r} (it has {sorted(t.metadata)}); name a field every training task carries"
                 )
-            strata.setdefault(str(t.metadata[self.key]), []).append(t)
+            strata.setdefault(stratum_of(t.metadata[self.key]), []).append(t)
         self.values = sorted(strata)
         self.streams = [
             TaskStream(strata[v], self.seed * 1_000_003 + 7919 * i) for i, v in enumerate(self.values)
