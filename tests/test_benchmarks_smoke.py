@@ -176,6 +176,18 @@ def test_by_task_splits_recorded_evaluations_by_a_task_field(tmp_path, capsys) -
     chains = {" > ".join(t.metadata["chain"]) for t in one + two}
     assert {r.split(" | ")[0].removeprefix("| ") for r in rows[2:]} == chains
     assert any(" > " in c for c in chains)
+    for t, acc in [(one[0], 1.0), (one[1], 1.0), (two[0], 0.0)]:  # step3: 1-hop 1 -> 2 of 2, 2-hop 1 -> 0
+        append_line(
+            tmp_path / "eval" / "step3.jsonl",
+            encode_record(Trajectory(task_id=t.id, turns=[turn] * 2, reward_breakdown={"accuracy": acc})),
+        )
+    assert main([str(tmp_path), "warm", "step3", "--key", "hops", "--paired"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[0].endswith(" | step3 - warm, paired [95% CI], p |") and rows[1] == "|---|---|---|---|"
+    assert rows[2].split(" | ")[-1].startswith("+50.0 [") and rows[2].endswith("], p = 1 (n = 2) |")
+    assert rows[3].split(" | ")[-1].startswith("-100.0 [") and rows[3].endswith("], p = 1 (n = 1) |")
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "warm", "--key", "hops", "--paired"])  # one label: nothing to pair
     (tmp_path / "trajectories").mkdir()  # the same episodes as step 4's sampled batch: 2 + 1 tasks
     for t in trajs:
         append_line(tmp_path / "trajectories" / "step_000004.jsonl", encode_record(t))
