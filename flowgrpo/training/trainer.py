@@ -92,6 +92,7 @@ from flowgrpo.training.resume import choose_checkpoint
 from flowgrpo.training.value import critic_of
 from flowgrpo.types import Trajectory, TrajectoryGroup
 from flowgrpo.utils import interrupt
+from flowgrpo.utils.memory import release_free_heap
 from flowgrpo.utils.seeding import seed_everything
 
 log = logging.getLogger(__name__)
@@ -374,10 +375,12 @@ class Trainer:
             asynchronous = staleness_stats(batch.groups, self.step, cfg.train.async_staleness)
         interrupt.check()  # a signal during the rollout: its episodes ended early, train on none
         groups, train_groups, rounds = batch.groups, batch.train_groups, batch.rounds
+        release_free_heap()  # the rollout's freed caches, before the update allocates its own
         t_rollout = time.monotonic() - t0
         trajs = [t for g in train_groups for t in g.trajectories if t.turns and t.excluded is None]
         t1 = time.monotonic()
         upd = self.update(trajs)
+        release_free_heap()  # the update's activations and gradients, before the next rollout
         if upd["optimizer_steps"]:
             # the next rollout samples the updated policy: version step + 1
             self.parts.backend.sync_weights(self.model, version=self.step + 1)
@@ -957,6 +960,7 @@ class Trainer:
             step=self.step,
             progress=self.cfg.run.progress,
         )
+        release_free_heap()  # the evaluation's caches, before training allocates again
         if record:
             record_evaluation(self.out, result, groups)
         return result
