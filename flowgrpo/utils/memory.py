@@ -1,16 +1,16 @@
 """Hand freed heap memory back to the operating system between the phases of a training step.
 
 A step alternates two allocation patterns: the rollout (a decode thread's keys/values and
-activations, many sizes) and the update (the main thread's activations and gradients). glibc keeps
-freed chunks for reuse in the arena of the thread that used them, and the resident size can climb
-from step to step while the live tensors do not: the search recipe sampling from a bf16 copy went
-5 → 19 GB over four steps (docs/learning.md 10.6). ``malloc_trim(0)`` walks every arena and
-returns its whole free pages; called after every phase, it brought that run back to 4.2 GB after
-each step and held its peak at 10.6 GB, so the growth was free heap. Returned pages are faulted
-in again by the next phase, and keeping freed buffers is what makes ``make demo``'s malloc tuning
-faster (20-25% a step, the Makefile's note), so the trainer trims only once the process holds
-more than half of the machine's memory (13.8 GB at most in that run): below that, kept pages cost
-nothing.
+activations, many sizes) and the update (the main thread's activations and gradients). glibc
+keeps freed chunks for reuse in the arena of the thread that allocated them, and the resident
+size can climb from step to step while the live tensors do not: the search recipe sampling from a
+bf16 copy went 5 → 19 GB over four steps (docs/learning.md 10.6). ``malloc_trim(0)`` walks every
+arena and returns its whole free pages; called after every phase, it brought that run back to
+4.2 GB after each step and held its peak at 10.6 GB, so the growth was free heap. Returned pages
+are faulted in again by the next phase, and keeping freed buffers is what makes ``make demo``'s
+malloc tuning faster (20-25% a step, the Makefile's note), so the trainer trims only once the
+process holds more than half of the machine's memory (13.8 GB at most in that run): below that,
+kept pages cost nothing.
 """
 
 from __future__ import annotations
