@@ -17,12 +17,11 @@ evaluated (Newcombe 95% interval, exact McNemar p): a paired test on one kind of
 2-hop questions alone. Name that kind before reading the table; a kind picked after it makes the
 p-value mean little. With ``--steps`` it reads the trajectories each training step sampled
 (``RUN/trajectories``) instead, and each cell also counts the tasks (groups) of that kind in the
-step's batch: what each update was pushed toward. ``--decision N`` adds a table of the N-th turn of those episodes: how
-many called a tool there and how many did not (answered, or wrote no call), each with its mean
-advantage, and the push (the sum of the calls' advantages). It shows which way, and how hard, each
-step's update pushed that decision for each kind of task, e.g.
-whether 1-hop questions' groups rewarded stopping after one search while 2-hop ones rewarded
-searching again.
+step's batch: what each update was pushed toward. ``--decision N`` adds a table of the N-th turn
+of those episodes: how many called a tool there and how many did not (answered, or wrote no call),
+each with its mean advantage, and the push (the sum of the calls' advantages). It shows which way,
+and how hard, each step's update pushed that decision for each kind of task, e.g. whether 1-hop
+questions' groups rewarded stopping after one search while 2-hop ones rewarded searching again.
 """
 
 from __future__ import annotations
