@@ -20,13 +20,14 @@ import ctypes.util
 import functools
 import os
 import sys
+from collections.abc import Callable
 
 TRIM_ABOVE = 0.5
 """The share of physical memory above which :func:`release_free_heap` trims by default."""
 
 
 @functools.cache
-def _malloc_trim() -> object | None:
+def _malloc_trim() -> Callable[[int], int] | None:
     """glibc's ``malloc_trim``, or None where the C library has none (macOS, musl, Windows)."""
     if not sys.platform.startswith("linux"):
         return None
@@ -56,7 +57,7 @@ def release_free_heap(above: float = TRIM_ABOVE) -> bool:
     trim = _malloc_trim()
     if trim is None or resident_share() <= above:
         return False
-    trim(0)  # type: ignore[operator]
+    trim(0)
     return True
 
 
