@@ -6,6 +6,8 @@ measurement path runs end to end and that the counts it reports are right.
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from benchmarks._common import child_env, median, run_child
@@ -390,3 +392,21 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
         == 0
     )
     assert (arms / "fp16-seed5" / "checkpoints" / "step-000001" / "model.safetensors").is_file()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_rss_trace_follows_a_child_that_grows(tmp_path, capsys) -> None:
+    from benchmarks.rss_trace import main
+
+    grow = "import time; x = bytearray(200_000_000); time.sleep(1.5)"  # ~200 MB, touched (zeroed)
+    out = tmp_path / "trace.tsv"
+    assert (
+        main(["--every", "0.1", "--window", "60", "--out", str(out), "--", sys.executable, "-c", grow]) == 0
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == ["| window (60 s) | largest sample | resident GB |", "|---|---|---|"]
+    peak = float(lines[-1].split("peak ")[1].removesuffix(" GB"))
+    assert 0.2 <= peak < 1.0, lines[-1]
+    samples = [float(line.split("\t")[1]) for line in out.read_text().splitlines()]
+    assert max(samples) == peak and len(samples) >= 5
+    assert main(["--", sys.executable, "-c", "raise SystemExit(3)"]) == 3  # the command's exit code
