@@ -1,6 +1,6 @@
 """Rollout speed on this machine: our engine vs bare ``model.generate``, and multi-turn vs lock-step waves.
 
-Run: ``python benchmarks/rollout.py [--n 16] [--new 64] [--turns 3] [--multi-new 32]`` (a few minutes
+Run: ``python benchmarks/rollout.py [--n 16] [--new 64] [--turns 3] [--multi-new 32] [--device cuda]`` (a few minutes
 on 2 cores; ``--model tiny`` is the smoke test's random model). Figures are printed, never asserted.
 
 1. Single turn: the same N distinct chat prompts, same batch size, the same precision (bf16 autocast
@@ -141,8 +141,10 @@ def _generate(model, tok, prompts, new, stop_ids, fixed=False):
     """Bare ``model.generate`` on left-padded prompts; returns per row (useful ids, finish reason).
     ``fixed``: every row decodes exactly ``new`` tokens (stop ids ignored)."""
     width = max(map(len, prompts))
-    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + list(p) for p in prompts])
-    mask = (torch.arange(width)[None, :] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
+    dev = model.device
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + list(p) for p in prompts], device=dev)
+    pad = torch.tensor([width - len(p) for p in prompts], device=dev)
+    mask = (torch.arange(width, device=dev)[None, :] >= pad[:, None]).long()
     with torch.inference_mode(), autocast_context(AUTOCAST):
         g = model.generate(
             input_ids=ids,
@@ -334,10 +336,11 @@ def _update_seconds(model, autocast, rows, length, reps, copy_backend):
     saved = {k: v.clone() for k, v in model.state_dict().items()}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-7)
     scaler = loss_scale_for(autocast)  # float16: as the trainer scales it (an overflow is timed all the same)
+    dev = model.device
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, model.config.vocab_size, (rows, length), generator=g)
-    attn = torch.ones(rows, length, dtype=torch.long)
-    mask = torch.zeros(rows, length)
+    ids = torch.randint(3, model.config.vocab_size, (rows, length), generator=g).to(dev)
+    attn = torch.ones(rows, length, dtype=torch.long, device=dev)
+    mask = torch.zeros(rows, length, device=dev)
     mask[:, length // 2 :] = 1
     model.train()
     times = []
@@ -351,6 +354,8 @@ def _update_seconds(model, autocast, rows, length, reps, copy_backend):
         if copy_backend is not None:
             copy_backend.sync_weights(model)
             copy_backend._check_weights()  # the refresh a real step pays before its next rollout
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)  # kernels still queued belong to this update
         times.append(time.perf_counter() - t0)
     model.eval()
     model.load_state_dict(saved)
@@ -402,21 +407,26 @@ def bench_precision(model, tok, n, new, reps, modes, update_rows, update_len):
         # the trainer's logprobs of what this mode's sampler drew (the weights are the sampler's)
         rows = [list(p) + list(r.token_ids) for p, r in zip(prompts, sampled[m], strict=True)]
         width = max(map(len, rows))
-        ids = torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows])
-        attn = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
-        mask = torch.zeros(len(rows), width)
-        sampler = torch.zeros(len(rows), width)
+        dev = model.device
+        ids = torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows], device=dev)
+        attn = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=dev)
+        mask = torch.zeros(len(rows), width, device=dev)
+        sampler = torch.zeros(len(rows), width, device=dev)
         for b, (p, r) in enumerate(zip(prompts, sampled[m], strict=True)):
             mask[b, len(p) : len(p) + len(r.token_ids)] = 1
-            sampler[b, len(p) : len(p) + len(r.token_ids)] = torch.tensor(r.logprobs)
+            sampler[b, len(p) : len(p) + len(r.token_ids)] = torch.tensor(r.logprobs, device=dev)
         with torch.no_grad():
             lp, _ = action_logprobs(model, ids, attn, mask, autocast_dtype=autocast)
         ratio[m] = sampler_ratio_stats(lp, sampler, mask)
         ratio[m]["update_s"] = upd[key]
     flags = sorted(f for f in ("avx512_bf16", "amx_bf16", "avx512_fp16") if f in _cpu_flags())
+    where = (
+        torch.cuda.get_device_name(model.device)
+        if model.device.type == "cuda"
+        else f"{torch.get_num_threads()} threads, CPU flags {flags or 'no native bf16'}"
+    )
     print(
-        f"== precision: {n} rows, {new} tokens, T=1.0, median of {reps}; torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads, CPU flags {flags or 'no native bf16'} =="
+        f"== precision: {n} rows, {new} tokens, T=1.0, median of {reps}; torch {torch.__version__}, {where} =="
     )
     print(
         f"{'mode':>26} {'ms/decode step':>15} {'tok/s':>7} {'s/update':>9} "
@@ -455,6 +465,7 @@ def main() -> None:
     ap.add_argument("--sleep", type=float, default=0.2)
     ap.add_argument("--jitter", type=float, default=0.0, help="multi-turn: tool latency +- this (uniform), s")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="where the model runs: cpu, cuda, cuda:N")
     ap.add_argument(
         "--model", default="smollm2-135m", help="a load_model name/path, or 'tiny' (random, smoke test)"
     )
@@ -472,7 +483,7 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     model, tok = tiny_model() if a.model == "tiny" else load_model(a.model)
-    model.eval()
+    model.to(a.device).eval()
     if a.precision is not None:
         modes = a.precision or list(PRECISIONS)
         bench_precision(model, tok, a.n, a.new, a.reps, modes, a.update_rows, a.update_len)

@@ -63,3 +63,26 @@ def test_sampler_matches_trainer_only_in_fp32_on_both_sides():
     assert hardware.sampler_matches_trainer(None, None)
     assert not hardware.sampler_matches_trainer("bfloat16", None)
     assert not hardware.sampler_matches_trainer(None, "bfloat16")
+
+
+@pytest.fixture
+def cudnn_attention_flag():
+    """The process-wide flag, restored after the test."""
+    import torch
+
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    yield torch.backends.cuda
+    torch.backends.cuda.enable_cudnn_sdp(was)
+
+
+def test_cudnn_attention_is_turned_off_for_a_gpu_and_left_alone_for_a_cpu(cudnn_attention_flag):
+    """cuDNN attention re-plans at every new decode length: on an H200 a bf16 copy decoded at 93 ms per
+    step with it and 29 ms without it (hardware module docstring)."""
+    flag = cudnn_attention_flag
+    flag.enable_cudnn_sdp(True)
+    assert hardware.avoid_cudnn_attention("cpu") is False
+    assert hardware.avoid_cudnn_attention(None) is False
+    assert flag.cudnn_sdp_enabled()
+    assert hardware.avoid_cudnn_attention("cuda:0") is True
+    assert not flag.cudnn_sdp_enabled()
+    assert hardware.avoid_cudnn_attention("cuda") is False  # already off: nothing to do

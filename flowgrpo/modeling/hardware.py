@@ -24,10 +24,13 @@ fp16 arithmetic); an update of 8 x 256 tokens 8.2-9.6 s in fp32 and 3.2-3.4 s un
 On an AVX2-only CPU bf16 matmuls are emulated (0.6 GFLOP/s against 68-190 in fp32), so ``auto``
 samples in fp32 there too.
 
-On CUDA (not measured with this code: no GPU was lent when it was written) ``auto`` samples from a
-bf16 copy -- no per-op casts, so it cannot add launches over fp32, and bf16 tensor cores are faster
--- and keeps the update in fp32, since the only GPU measurement so far (bf16 autocast on an H100,
-issue 26) was slower than fp32 end to end.
+On CUDA ``auto`` samples from a bf16 copy and keeps the update in fp32 (bf16 autocast on an H100
+was slower than fp32 end to end). A copy only pays off there without PyTorch's cuDNN attention
+backend (:func:`avoid_cudnn_attention`): measured on an H200 (torch 2.11+cu130, SmolLM2-135M
+shapes with random weights, 64 rows x 48 tokens through the ``hf`` backend), a decode step
+from the bf16 copy took 93 ms with cuDNN attention against 29 ms without it (fp32: 30-31 ms either
+way, since cuDNN attention serves only bf16/fp16). A decode step is launch-bound there: ~3.4 ms of
+GPU work in ~23 ms of host time per step.
 
 Any precision below fp32 on either side makes the sampler's logprobs differ from the trainer's
 (ratios of 0.85-1.20 on an on-policy update were seen under bf16); :func:`sampler_matches_trainer`
@@ -227,6 +230,26 @@ def resolve_rollout_dtype(
                 device or "cpu",
             )
     return None if chosen in (None, weights_dtype) else chosen
+
+
+def avoid_cudnn_attention(device: str | torch.device | None) -> bool:
+    """Turn off PyTorch's cuDNN backend of ``scaled_dot_product_attention`` for this process when
+    ``device`` is a GPU; returns whether it was on.
+
+    Why: cuDNN builds an execution plan per attention shape (hundreds of ms for a new one, as vLLM
+    and sglang found when trying it), and a decode step has a new key length every step, so each step
+    pays that build. PyTorch prefers cuDNN for bf16/fp16 on Hopper, which made sampling from a bf16
+    copy 3x slower than fp32 on an H200 (93 against 29 ms per decode step; module docstring). The
+    remaining backends (flash, memory-efficient, math) serve every shape the policy uses. It is a
+    process-wide flag (PyTorch has no per-module one), so the update's attention avoids cuDNN too,
+    where its token-budget micro-batches also change shape from one to the next."""
+    import torch
+
+    if torch.device(device or "cpu").type != "cuda" or not torch.backends.cuda.cudnn_sdp_enabled():
+        return False
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    log.info("cuDNN attention off for this process: it re-plans at every new decode length")
+    return True
 
 
 def sampler_matches_trainer(rollout_dtype: str | None, autocast: str | None) -> bool:

@@ -66,6 +66,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from flowgrpo.modeling.hardware import avoid_cudnn_attention
 from flowgrpo.modeling.kvcache import cache_kwargs
 from flowgrpo.modeling.logprobs import common_prefix_len
 from flowgrpo.rollout.backends.base import BackendBase, GenerationResult, SamplingParams, prompt_limits
@@ -270,6 +271,7 @@ class HFBackend(BackendBase):
                 "low-precision copy) or autocast_dtype (sample the model's weights under autocast), not both"
             )
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        avoid_cudnn_attention(self.device)  # it re-plans at every decode length (3x slower bf16 decode)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_id = int(pad if pad is not None else 0)
         eos = tokenizer.eos_token_id
