@@ -393,6 +393,26 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
     )
     assert (arms / "fp16-seed5" / "checkpoints" / "step-000001" / "model.safetensors").is_file()
 
+    # --jobs 2: two arms train at once (each waits for the other at a barrier), the table keeps the
+    # order of the arms asked for
+    import threading
+
+    both = threading.Barrier(2, timeout=10)
+
+    def fake_train_together(config, out, precision, seed, steps, eval_n, extra) -> int:
+        both.wait()  # raises BrokenBarrierError unless the other arm runs at the same time
+        arm(out.name, [0, 1], [1, 1] if seed == 7 else [0, 1])
+        return 0
+
+    monkeypatch.setattr(lm, "run_arm", fake_train_together)
+    capsys.readouterr()
+    argv = ["--seeds", "7", "6", "--precision", "fp16", "--root", str(tmp_path), "--run", "--jobs", "2"]
+    assert main(argv) == 0
+    names = [
+        r.split(" | ")[0].lstrip("| ") for r in capsys.readouterr().out.splitlines() if r.startswith("| fp16")
+    ]
+    assert names == ["fp16-seed7", "fp16-seed6"]
+
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
 def test_rss_trace_follows_a_child_that_grows(tmp_path, capsys) -> None:
