@@ -6,6 +6,8 @@ in every seed and on every numeric path, and does it hold when the run is longer
     python -m benchmarks.learning_matrix --config examples/calculator_agent.yaml --seeds 0 1 2 \\
         --precision fp32 bf16                            # print the table of the arms already run
     python -m benchmarks.learning_matrix ... --run --jobs 6  # on a GPU: six arms side by side
+    python -m benchmarks.learning_matrix ... --per-step  # also sampler ratio, entropy, groups with a
+                                                         # signal, KL and time of every RL step
     python -m benchmarks.learning_matrix ... --steps 15  # the 5x-longer arms of the same recipe, each
                                                          # also paired with its config-length arm
     python -m benchmarks.learning_matrix ... --steps 15 --label anchored \
@@ -208,6 +210,62 @@ def table(rows: list[tuple[str, Arm]], pooled: PairedComparison | None) -> str:
     return head + "\n".join(lines)
 
 
+STEP_SIGNALS = (
+    "sampler_ratio_min",
+    "sampler_ratio_max",
+    "entropy",
+    "groups_trained",
+    "groups_sampled",
+    "kl",
+    "time/rollout_s",
+    "time/update_s",
+)
+"""The per-step metrics that say why an arm gained or not (docs/learning.md section 10): how far the
+sampler's logprobs sit from the trainer's at the first update, exploration, how many sampled groups
+carried a signal, the distance from the warm start, and where the step's time went."""
+
+
+def step_signals(out: Path) -> list[dict[str, float]]:
+    """The RL steps of an arm's ``metrics.jsonl`` (not the warm start's or the evaluations' lines),
+    with the fields of :data:`STEP_SIGNALS` each step has."""
+    path = out / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    steps = []
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        if "episodes" in rec and "loss" in rec:
+            steps.append({k: float(rec[k]) for k in ("step", *STEP_SIGNALS) if k in rec})
+    return steps
+
+
+def signals_table(rows: list[tuple[str, Arm]]) -> str:
+    """One line per arm, one comma-separated entry per RL step ("-" where a run predates a field)."""
+    cells = {
+        "ratio": lambda s: f"{s['sampler_ratio_min']:.2f}-{s['sampler_ratio_max']:.2f}",
+        "entropy": lambda s: f"{s['entropy']:.3f}",
+        "groups": lambda s: f"{s['groups_trained']:.0f}/{s['groups_sampled']:.0f}",
+        "kl": lambda s: f"{s['kl'] if abs(s['kl']) >= 5e-4 else 0.0:.3f}",  # k1 estimates dip below 0
+        "time": lambda s: f"{s['time/rollout_s']:.0f}+{s['time/update_s']:.0f} s",
+    }
+
+    def per_step(steps: list[dict[str, float]], cell: Any) -> str:
+        try:
+            return ", ".join(cell(s) for s in steps)
+        except KeyError:
+            return "-"
+
+    head = (
+        "| arm | sampler ratio min-max | entropy (nats/token) | groups trained / sampled | KL | "
+        "rollout + update |\n|---|---|---|---|---|---|\n"
+    )
+    lines = []
+    for name, arm in rows:
+        if st := step_signals(arm.out):
+            lines.append(f"| {name} | " + " | ".join(per_step(st, c) for c in cells.values()) + " |")
+    return head + "\n".join(lines) if lines else ""
+
+
 def versus_short(rows: list[tuple[str, Arm]], short: dict[str, Arm]) -> str:
     """Each longer (or relabelled) arm's final checkpoint against the final checkpoint of the config's
     own run (its steps, no label; same seed and precision), paired on the tasks both evaluated: is more
@@ -249,6 +307,11 @@ def main(argv: list[str] | None = None) -> int:
         help="name of the recipe variant the --set overrides make; appended to its arms' names",
     )
     ap.add_argument("--run", action="store_true", help="run the arms that have no final evaluation yet")
+    ap.add_argument(
+        "--per-step",
+        action="store_true",
+        help="also print each arm's per-step signals: sampler ratio, entropy, groups with a signal, KL, time",
+    )
     ap.add_argument(
         "--jobs",
         type=int,
@@ -303,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
         pooled = paired_difference([x for _, r in rows for x in r.a], [x for _, r in rows for x in r.b])
     print(f"{args.config}: warm start vs after RL, greedy, paired on the same held-out tasks\n")
     print(table(rows, pooled))
+    if args.per_step and (signals := signals_table(rows)):
+        print("\nper RL step, from each arm's metrics.jsonl (first minibatch's sampler ratio)\n")
+        print(signals)
     if args.steps or args.label:
         short: dict[str, Arm] = {}
         for precision in args.precision:

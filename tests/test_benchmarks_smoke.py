@@ -350,6 +350,28 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
     )  # 5 fixed vs 1 broken: p = 2 * 7/64 = 0.22
     assert "not run yet: fp32-seed2 (add --run)" in out
 
+    # --per-step: the RL steps of an arm's metrics.jsonl, one entry per step; an arm without one is left out
+    step = {"episodes": 64, "loss": 0.1, "sampler_ratio_min": 0.5, "sampler_ratio_max": 1.25, "entropy": 0.04}
+    step |= {
+        "groups_trained": 6,
+        "groups_sampled": 9,
+        "kl": -1e-5,
+        "time/rollout_s": 12.4,
+        "time/update_s": 3.6,
+    }
+    lines = [{"step": 0, "sft/loss": 0.5}, step | {"step": 1}, {"step": 1, "eval/accuracy": 0.6}]
+    lines.append(step | {"step": 2, "kl": 0.021, "groups_trained": 4})
+    (tmp_path / "calculator_agent" / "fp32-seed0" / "metrics.jsonl").write_text(
+        "\n".join(json.dumps(x) for x in lines)
+    )
+    main(["--seeds", "0", "1", "--root", str(tmp_path), "--per-step"])
+    out = capsys.readouterr().out
+    assert (
+        "| fp32-seed0 | 0.50-1.25, 0.50-1.25 | 0.040, 0.040 | 6/9, 4/9 | 0.000, 0.021 | 12+4 s, 12+4 s |"
+        in out
+    )
+    assert "| fp32-seed1 | 0.50" not in out and out.count("| fp32-seed1 |") == 1
+
     # --steps: the longer arm is also paired with its config-length run, final against final
     arm("fp32-seed0-steps15", [1, 0, 0, 0, 1, 1], [1, 1, 1, 1, 1, 1], final_step=15)
     assert main(["--seeds", "0", "--steps", "15", "--root", str(tmp_path)]) == 0
