@@ -353,6 +353,13 @@ class SFTSection(_Section):
     lr: float = Field(1e-4, gt=0)
     batch_trajectories: int = Field(8, ge=1, description="trajectories per optimizer step")
     only_successful: bool = Field(True, description="keep demonstrations whose reward is > 0")
+    replay_coef: float = Field(
+        0.0,
+        ge=0,
+        description="during RL, add this x the demonstrations' mean token NLL to every optimizer step "
+        "(InstructGPT's PPO-ptx): holds what the warm start taught on tasks whose groups carry no signal",
+    )
+    replay_trajectories: int = Field(8, ge=1, description="demonstrations replayed per optimizer step")
 
 
 class TrainConfig(_Section):
@@ -403,6 +410,11 @@ class TrainConfig(_Section):
             raise ValueError(
                 f"train.async_staleness={self.train.async_staleness} trains on samples of older policies: "
                 "set algorithm.tis=token (or sequence_mask) so the loss corrects for it"
+            )
+        if self.sft.replay_coef and not self.sft.enabled:
+            raise ValueError(
+                f"sft.replay_coef={self.sft.replay_coef} replays the warm start's demonstrations: set "
+                "sft.enabled=true (its tasks, only_successful) or sft.replay_coef=0"
             )
         return self
 

@@ -210,6 +210,8 @@ def check_supported(config: Any, ctx: DistContext) -> None:
         problems.append(
             "model.lora with train.parallel=fsdp2 (LoRA's few trainable weights fit every rank: use ddp)"
         )
+    if config.sft.replay_coef:
+        problems.append("sft.replay_coef (every rank would replay the same demonstrations; set it to 0)")
     if config.rollout.backend == "openai" and config.rollout.server.weight_sync_dir:
         problems.append("rollout.server.weight_sync_dir (every rank would push weights to the server)")
     if problems:

@@ -88,6 +88,7 @@ from flowgrpo.training.fsdp import ShardedPolicy
 from flowgrpo.training.idle import IdleWatch
 from flowgrpo.training.loss_scale import loss_scale_for
 from flowgrpo.training.optim import adamw
+from flowgrpo.training.replay import DemoReplay, build_replay
 from flowgrpo.training.resume import choose_checkpoint
 from flowgrpo.training.value import critic_of
 from flowgrpo.types import Trajectory, TrajectoryGroup
@@ -210,6 +211,7 @@ class Trainer:
         self.stream: TaskSampler = make_sampler(cfg.curriculum, parts.tasks("train"), cfg.train.seed)
         # train.async_staleness > 0: a rollout thread samples ahead (flowgrpo.training.async_rollout)
         self.replica = rollout_replica(cfg, parts) if cfg.train.async_staleness else None
+        self.replay: DemoReplay | None = None  # sft.replay_coef: built once training starts
         if self.replica is not None:
             self.engine.backend = self.replica  # the rollout thread samples its own copy
         self.producer: AsyncRollout | None = None
@@ -282,6 +284,8 @@ class Trainer:
         target = min(until_step or cfg.train.steps, cfg.train.steps)
         if cfg.sft.enabled and self.step == 0 and not self.counters["sft_done"]:
             self.warm_start()
+        if cfg.sft.replay_coef and self.replay is None and self.step < target:
+            self.replay = build_replay(self.parts)  # the warm start's demonstrations, regenerated
         distributed.broadcast_parameters(self.model, self.dist)  # every rank starts from rank 0's
         if self.sharded is not None:
             self.sharded.load_from(self.model)
@@ -667,6 +671,15 @@ class Trainer:
                 if k != "tokens":
                     sums[k] = sums.get(k, 0.0) + v * n
             sums["entropy"] = sums.get("entropy", 0.0) + float((ent.detach() * mb.loss_mask).sum())
+        replayed: dict[str, float] = {}
+        if self.replay is not None and finite:  # + replay_coef * the demonstrations' NLL (PPO-ptx)
+            replayed = self.replay.backward(
+                lambda mb: self._policy_logprobs(mb)[0],
+                token_budget=cfg.train.micro_batch_tokens,
+                pad_id=self.parts.pad_id,
+                device=self.device,
+                scale=self.scaler.scale,
+            )
         for _ in range(idle):
             self.sharded.idle_pass(self.parts.pad_id)
         if self.sharded is not None:
@@ -704,7 +717,7 @@ class Trainer:
             return {"skipped": 1.0}
         self.optimizer.step()
         out = {k: (v / tokens if tokens and k != "loss" else v) for k, v in sums.items()}
-        out.update(self._sampler_ratio(ratio_parts))
+        out.update(self._sampler_ratio(ratio_parts), **replayed)
         if self.critic is not None:
             out["ppo/value_grad_norm"] = self.critic.step(cfg.train.grad_clip)
         out.update(grad_norm=grad_norm, train_tokens=tokens, skipped=0.0)
