@@ -84,11 +84,11 @@ from flowgrpo.runs.records import rewind_records
 from flowgrpo.training import distributed
 from flowgrpo.training.async_rollout import AsyncRollout, RolloutBatch, rollout_replica, staleness_stats
 from flowgrpo.training.batching import MicroBatch, Row, build_rows, micro_batches
+from flowgrpo.training.demo_replay import DemoReplay, build_replay
 from flowgrpo.training.fsdp import ShardedPolicy
 from flowgrpo.training.idle import IdleWatch
 from flowgrpo.training.loss_scale import loss_scale_for
 from flowgrpo.training.optim import adamw
-from flowgrpo.training.replay import DemoReplay, build_replay
 from flowgrpo.training.resume import choose_checkpoint
 from flowgrpo.training.value import critic_of
 from flowgrpo.types import Trajectory, TrajectoryGroup
