@@ -26,6 +26,7 @@ import torch
 from flowgrpo.algorithms.loss import sft_loss
 from flowgrpo.components import Components
 from flowgrpo.training.batching import MicroBatch, Row, build_rows, micro_batches
+from flowgrpo.training.sft import demonstrations, module_rows, successful
 from flowgrpo.types import Trajectory
 
 LogprobFn = Callable[[MicroBatch], torch.Tensor]
@@ -91,8 +92,6 @@ class DemoReplay:
 def build_replay(parts: Components) -> DemoReplay:
     """The demonstrations of the config's warm start (``sft.tasks`` oracle episodes, the successful
     ones when ``sft.only_successful``), ready to replay."""
-    from flowgrpo.training.sft import demonstrations, module_rows, successful
-
     s, cfg = parts.config.sft, parts.config
     demos = demonstrations(parts, s.tasks)
     demos += module_rows(parts, demos)
