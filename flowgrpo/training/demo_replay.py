@@ -12,6 +12,10 @@ applies it to the solved 1-hop questions as well ("where was X born?" answered w
 regression; here the supervised data are the warm start's own oracle demonstrations, regenerated
 (the oracle is deterministic) so a resumed run replays the same ones.
 
+Measured (docs/learning.md 12, seed 2 of the search agent, one run per arm): replay at 1.0 and 0.1
+kept every 1-hop question that RL without it had lost, but the 2-hop questions fell instead (all
+191: -13.1, -24.6 and -9.9 points), so it is off by default and not yet a recommended setting.
+
 The added loss is ``replay_coef * NLL``: the mean cross-entropy over the replayed demonstrations'
 action tokens, the warm start's :func:`~flowgrpo.algorithms.loss.sft_loss`, beside the policy
 loss's own per-token weights (so it is exact across micro-batches, as the policy loss is).
