@@ -51,6 +51,7 @@ from typing import Any
 
 from flowgrpo.algorithms.stats import PairedComparison, paired_difference
 from flowgrpo.runs.evaluation import EvalResult
+from flowgrpo.runs.rundir import RunDir
 
 PRECISIONS: dict[str, list[str]] = {
     "fp32": ["model.autocast=null", "model.rollout_dtype=float32"],
@@ -210,33 +211,12 @@ def table(rows: list[tuple[str, Arm]], pooled: PairedComparison | None) -> str:
     return head + "\n".join(lines)
 
 
-STEP_SIGNALS = (
-    "sampler_ratio_min",
-    "sampler_ratio_max",
-    "entropy",
-    "groups_trained",
-    "groups_sampled",
-    "kl",
-    "time/rollout_s",
-    "time/update_s",
-)
-"""The per-step metrics that say why an arm gained or not (docs/learning.md section 10): how far the
-sampler's logprobs sit from the trainer's at the first update, exploration, how many sampled groups
-carried a signal, the distance from the warm start, and where the step's time went."""
-
-
 def step_signals(out: Path) -> list[dict[str, float]]:
-    """The RL steps of an arm's ``metrics.jsonl`` (not the warm start's or the evaluations' lines),
-    with the fields of :data:`STEP_SIGNALS` each step has."""
-    path = out / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    steps = []
-    for line in path.read_text().splitlines():
-        rec = json.loads(line)
-        if "episodes" in rec and "loss" in rec:
-            steps.append({k: float(rec[k]) for k in ("step", *STEP_SIGNALS) if k in rec})
-    return steps
+    """The RL steps of an arm's ``metrics.jsonl`` (not the warm start's or the evaluations' lines):
+    what says why an arm gained or not (docs/learning.md section 10): how far the sampler's logprobs
+    sit from the trainer's at the first update, exploration, how many sampled groups carried a
+    signal, the distance from the warm start, and where the step's time went."""
+    return [m.values for m in RunDir(out).metrics() if "episodes" in m.values and "loss" in m.values]
 
 
 def signals_table(rows: list[tuple[str, Arm]]) -> str:

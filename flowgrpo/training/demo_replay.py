@@ -30,7 +30,7 @@ import torch
 from flowgrpo.algorithms.loss import sft_loss
 from flowgrpo.components import Components
 from flowgrpo.training.batching import MicroBatch, Row, build_rows, micro_batches
-from flowgrpo.training.sft import demonstrations, module_rows, successful
+from flowgrpo.training.sft import warm_start_demonstrations
 from flowgrpo.types import Trajectory
 
 LogprobFn = Callable[[MicroBatch], torch.Tensor]
@@ -94,15 +94,10 @@ class DemoReplay:
 
 
 def build_replay(parts: Components) -> DemoReplay:
-    """The demonstrations of the config's warm start (``sft.tasks`` oracle episodes, the successful
-    ones when ``sft.only_successful``), ready to replay."""
+    """The demonstrations of the config's warm start, ready to replay."""
     s, cfg = parts.config.sft, parts.config
-    demos = demonstrations(parts, s.tasks)
-    demos += module_rows(parts, demos)
-    if s.only_successful:
-        demos = successful(demos)
     return DemoReplay(
-        demos,
+        warm_start_demonstrations(parts),
         coef=s.replay_coef,
         per_step=s.replay_trajectories,
         seed=cfg.train.seed,

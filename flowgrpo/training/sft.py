@@ -175,15 +175,28 @@ def module_rows(parts: Components, demos: Sequence[Trajectory]) -> list[Trajecto
     return module_demonstrations(demos, agent, parts.tokenizer, modules=mine)
 
 
-def warm_start(parts: Components) -> list[dict[str, float]]:
-    """The config's ``sft`` section: demonstrations (and, for the flow agent, its policy-served
-    modules' replies) -> (successful ones) -> supervised epochs."""
+def warm_start_demonstrations(parts: Components) -> list[Trajectory]:
+    """The config's ``sft`` demonstrations: ``sft.tasks`` oracle episodes (and, for the flow agent,
+    its policy-served modules' replies), the successful ones when ``sft.only_successful``."""
     s = parts.config.sft
     demos = demonstrations(parts, s.tasks)
     demos += module_rows(parts, demos)
-    if s.only_successful:
-        demos = successful(demos)
+    return successful(demos) if s.only_successful else demos
+
+
+def warm_start(parts: Components) -> list[dict[str, float]]:
+    """The config's ``sft`` section: :func:`warm_start_demonstrations` -> supervised epochs."""
+    s = parts.config.sft
+    demos = warm_start_demonstrations(parts)
     return supervised_epochs(parts, demos, epochs=s.epochs, lr=s.lr, batch_trajectories=s.batch_trajectories)
 
 
-__all__ = ["WarmStartError", "demonstrations", "module_rows", "successful", "supervised_epochs", "warm_start"]
+__all__ = [
+    "WarmStartError",
+    "demonstrations",
+    "module_rows",
+    "successful",
+    "supervised_epochs",
+    "warm_start",
+    "warm_start_demonstrations",
+]
