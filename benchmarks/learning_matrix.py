@@ -50,7 +50,6 @@ from pathlib import Path
 from typing import Any
 
 from flowgrpo.algorithms.stats import PairedComparison, paired_difference
-from flowgrpo.runs.evaluation import EvalResult
 from flowgrpo.runs.rundir import RunDir
 
 PRECISIONS: dict[str, list[str]] = {
@@ -151,9 +150,7 @@ class Arm:
 
     def __init__(self, out: Path) -> None:
         self.out = out
-        evals = [
-            EvalResult.model_validate_json(line) for line in (out / "eval.jsonl").read_text().splitlines()
-        ]
+        evals = RunDir(out).evals()
         warm = [e for e in evals if e.label == "warm"]
         final = [e for e in evals if e.label.startswith("step") and e.n == warm[-1].n] if warm else []
         if not warm or not final:
