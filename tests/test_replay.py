@@ -7,9 +7,7 @@ printed, rescored and re-executed against the real arithmetic environment.
 
 from __future__ import annotations
 
-import ast
 import json
-import operator
 from pathlib import Path
 
 import pytest
@@ -34,7 +32,6 @@ from flowgrpo.runs.replay import (
 )
 from flowgrpo.runs.rundir import RunDir, RunError
 from flowgrpo.runs.store import TrajectoryWriter
-from flowgrpo.tool import tool
 from flowgrpo.types import Message, Trajectory
 
 ENV_KWARGS = {"seed": 3, "num_train": 6, "num_test": 3}
@@ -42,52 +39,7 @@ ENV_KWARGS = {"seed": 3, "num_train": 6, "num_test": 3}
 # ----------------------------------------------------------------------------- the environment
 
 
-def _calculator():
-    """The real calculator tool when the tools layer ships it; until then an equally deterministic
-    ``calculator`` built with flowgrpo's own @tool decorator (same name and argument)."""
-    try:
-        from flowgrpo.tools.calculator import Calculator
-    except ImportError:
-        pass
-    else:
-        return Calculator()
-    ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
-
-    def ev(node):
-        if isinstance(node, ast.Expression):
-            return ev(node.body)
-        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
-            return node.value
-        if isinstance(node, ast.BinOp) and type(node.op) in ops:
-            return ops[type(node.op)](ev(node.left), ev(node.right))
-        raise ValueError("only numbers, + - * / and parentheses")
-
-    @tool(name="calculator")
-    def calculator(expression: str) -> str:
-        """Evaluate an arithmetic expression.
-
-        Args:
-            expression: numbers with + - * / and parentheses, e.g. "(3 + 4) * 2".
-        """
-        v = ev(ast.parse(expression, mode="eval"))
-        return str(int(v)) if float(v).is_integer() else str(v)
-
-    return calculator
-
-
-def _has_real_calculator() -> bool:
-    try:
-        import flowgrpo.tools.calculator  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-ENV_NAME = "arithmetic" if _has_real_calculator() else "replay_test_arithmetic"
-if ENV_NAME != "arithmetic":
-    from flowgrpo.envs.arithmetic import ArithmeticEnv
-
-    env_mod.register(ENV_NAME, lambda **kw: ArithmeticEnv(tools=[_calculator()], **kw))
+ENV_NAME = "arithmetic"
 
 
 def make_env():
