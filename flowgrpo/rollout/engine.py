@@ -161,7 +161,9 @@ class RolloutConfig(BaseModel):
     @property
     def logprob_temperature(self) -> float:
         """The temperature the trainer scores actions under: the one they were sampled at (1 for
-        greedy decoding, whose logprobs are those of the raw model)."""
+        greedy decoding, whose logprobs are those of the raw model). The warm start's supervised
+        epochs score at it too, so the tempered sampler reproduces the demonstrations; a run at
+        another temperature therefore starts RL from another warm start (docs/learning.md 14)."""
         t = self.sampling.temperature
         return t if t > 0 else 1.0
 
