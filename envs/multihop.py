@@ -6,6 +6,10 @@ has to search. Each entity is one short document indexed by the search tool (BM2
 chain relations: 1 hop ("In which city was X born?"), 2 hops ("In which country was X born?": city,
 then country), 3 hops ("In which country is the organisation that X works for headquartered?").
 
+Each task's metadata names its relation ``chain``, its ``subject``, its ``hops`` and its
+``first_hop`` (subject and first relation): questions with the same ``first_hop`` start with the
+same search, and ``curriculum.pair_by: first_hop`` puts them in the same training step.
+
 Answers are checked by normalised exact match (``info["correct"]``) and token F1 (``info["f1"]``);
 the training reward is ``accuracy`` with ``answer_type="text"`` (EM, or ``text_metric="f1"``).
 Train and test questions are disjoint (a question's split is a hash of its text); both splits share
@@ -284,7 +288,13 @@ class MultihopEnv(ToolEnv):
                     id=f"multihop-{self.seed}-{split}-{len(out[split]):05d}",
                     prompt=prompt,
                     answer=answer,
-                    metadata={"answer_type": "text", "chain": list(chain), "subject": s, "hops": len(chain)},
+                    metadata={
+                        "answer_type": "text",
+                        "chain": list(chain),
+                        "subject": s,
+                        "hops": len(chain),
+                        "first_hop": [s, chain[0]],
+                    },
                 )
             )
         return out

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from flowgrpo.algorithms.curriculum import (
+    PairedStream,
     PassRateSampler,
     StratifiedStream,
     TaskStream,
@@ -132,7 +133,9 @@ def test_stratified_state_resumes_exactly_and_a_new_stage_restarts():
     assert b.state_dict() == a.state_dict()
     b.set_tasks(typed("xy"), stage=0)
     assert b.state_dict()["drawn"] == 0 and [t.id for t in b.next(2)] == ["x0", "y1"]
-    with pytest.raises(ValueError, match=r"same curriculum\.sampler and curriculum\.stratify_by"):
+    with pytest.raises(
+        ValueError, match=r"same curriculum\.sampler, curriculum\.stratify_by and curriculum\.pair_by"
+    ):
         StratifiedStream(typed("ab"), 0, "kind").load_state_dict(TaskStream(tasks(2), 0).state_dict())
     with pytest.raises(ValueError, match=r"stratify_by"):
         TaskStream(tasks(2), 0).load_state_dict(state)
@@ -192,6 +195,68 @@ def test_stratify_by_names_a_field_every_task_carries():
     assert isinstance(make_sampler(load_config(None, []).curriculum, typed("ab"), 0), TaskStream)
     with pytest.raises(ConfigError, match=r"with curriculum\.sampler=pass_rate drop stratify_by"):
         load_config(None, ["curriculum.sampler=pass_rate", "curriculum.stratify_by=kind"])
+
+
+def subjects(spec: str) -> list[Task]:
+    """Tasks q0, q1, ... whose ``first`` field is the letter of ``spec`` at their index."""
+    return [Task(id=f"q{i}", prompt=str(i), metadata={"first": c}) for i, c in enumerate(spec)]
+
+
+def test_paired_draws_follow_each_task_with_one_that_shares_the_field():
+    qs = subjects("xxyzzz")  # x: q0 q1; y: q2 alone; z: q3 q4 q5
+    base = TaskStream(qs, seed=3)
+    order = [t.id for t in TaskStream(qs, seed=3).next(6)]  # the base stream's own order
+    s = PairedStream(base, qs, seed=3, key="first")
+    step = s.next(6)
+    firsts = [t.metadata["first"] for t in step]
+    anchors, k = [], 0
+    while k < len(step):  # each anchor is followed by a partner with its value, except the lone y
+        anchors.append(step[k].id)
+        if firsts[k] == "y":
+            k += 1
+            continue
+        if k + 1 < len(step):
+            assert firsts[k + 1] == firsts[k] and step[k + 1].id != step[k].id
+        k += 2
+    assert anchors == order[: len(anchors)]  # anchors come from the base stream, in its order
+    assert len(step) == 6  # a partner that would be the 7th is left out
+    assert base.state_dict()["pos"] == len(anchors)
+
+
+def test_paired_partners_hand_checked_and_resume_exactly():
+    qs = subjects("xxyy")  # each task has exactly one partner: q0-q1, q2-q3
+    order = [t.id for t in TaskStream(qs, seed=0).next(8)]  # the base stream: two epochs
+    assert order == ["q2", "q0", "q1", "q3", "q3", "q0", "q2", "q1"]
+    s = PairedStream(TaskStream(qs, seed=0), qs, seed=0, key="first")
+    assert [t.id for t in s.next(4)] == ["q2", "q3", "q0", "q1"]  # anchor, its partner, anchor, partner
+    assert [t.id for t in s.next(1)] == ["q1"]  # a step of one holds its anchor alone
+    # anchor q3 brings q2; the base's next draw, q3 again, is already in the step and passed over
+    # for q0, whose partner would be the 4th of a step of 3
+    assert [t.id for t in s.next(3)] == ["q3", "q2", "q0"]
+    state = s.state_dict()
+    assert state["paired"] == 5 and set(state["base"]) == {"epoch", "pos", "stage"}
+    resumed = PairedStream(TaskStream(qs, seed=0), qs, seed=0, key="first")
+    resumed.load_state_dict(state)
+    assert [t.id for t in resumed.next(7)] == [t.id for t in s.next(7)]
+    with pytest.raises(
+        ValueError, match=r"not paired by 'first'; resume it with the same curriculum\.pair_by"
+    ):
+        resumed.load_state_dict(TaskStream(qs, 0).state_dict())
+    with pytest.raises(ValueError, match=r"pair_by"):
+        TaskStream(qs, 0).load_state_dict(state)
+
+
+def test_pair_by_wraps_the_configured_stream_and_names_a_missing_field():
+    cfg = load_config(None, ["curriculum.stratify_by=hops", "curriculum.pair_by=first"]).curriculum
+    qs = [Task(id=f"q{i}", prompt=str(i), metadata={"hops": 1 + i % 2, "first": i // 2}) for i in range(8)]
+    s = make_sampler(cfg, qs, 0)
+    assert isinstance(s, PairedStream) and isinstance(s.base, StratifiedStream)
+    step = s.next(8)  # anchors from the stratified stream, each followed by its one partner
+    assert step[0].metadata["hops"] == 1 and len({t.id for t in step}) == 8
+    assert [t.metadata["first"] for t in step[0::2]] == [t.metadata["first"] for t in step[1::2]]
+    assert sorted(t.metadata["hops"] for t in step) == [1] * 4 + [2] * 4
+    with pytest.raises(ValueError, match=r"pair_by='first': training task 't0' has no metadata field"):
+        make_sampler(cfg.model_copy(update={"stratify_by": None}), tasks(2), 0)
 
 
 def test_config_validation():

@@ -148,6 +148,26 @@ def test_multihop_questions_cover_1_to_3_hops_and_answers_follow_the_kb() -> Non
     assert {t.metadata["hops"] for t in only2.tasks("train")} == {2}
 
 
+def test_multihop_first_hop_pairs_the_questions_that_start_with_the_same_search() -> None:
+    from flowgrpo.algorithms.curriculum import CurriculumConfig, PairedStream, make_sampler
+
+    train = MultihopEnv(hops=(1, 2)).tasks("train")
+    s = make_sampler(CurriculumConfig(pair_by="first_hop"), train, 0)
+    assert isinstance(s, PairedStream)
+    prompts = {t.prompt for t in train}
+    person = next(
+        p
+        for p in MultihopEnv().kb.people
+        if {f"In which city was {p} born?", f"In which country was {p} born?"} <= prompts
+    )
+    assert sorted(t.prompt for t in s.partners[f"{person} > born_city"]) == [
+        f"In which city was {person} born?",
+        f"In which country was {person} born?",
+    ]
+    for t in s.partners[f"{person} > born_city"]:
+        assert t.metadata["first_hop"] == [person, "born_city"] and t.metadata["subject"] == person
+
+
 def test_multihop_documents_hold_every_fact() -> None:
     env = MultihopEnv(num_people=20, num_orgs=8, num_cities=6, num_countries=3, num_train=50, num_test=10)
     text = " ".join(d["text"] for d in env.documents())

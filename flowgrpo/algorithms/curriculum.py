@@ -18,6 +18,15 @@ away from what the other needs: a seesaw between steps (docs/learning.md section
 ``curriculum.stratify_weights`` sets other shares (``{1: 2, 2: 1}``: two 1-hop questions for every
 2-hop one).
 
+A paired stream (``curriculum.pair_by``) follows each task drawn with another training task that
+has the same value of a metadata field, in the same step. ``multihop``'s ``first_hop`` pairs "In
+which city was X born?" with "In which country was X born?": both start with the same search and
+the same result, and differ in the next decision (answer the city, or search its country). Drawn
+apart, a step holding only one of them pushes that shared decision one way for both, and the next
+step pushes it back (docs/learning.md 10.5); drawn together, the part of the two groups' gradients
+that does not depend on the question's wording pulls both ways at once, and what is left is the
+part that reads the wording.
+
 A difficulty schedule (``curriculum.difficulty``) rebuilds the environment with other keyword
 arguments from a given step on (e.g. ``arithmetic``'s ``difficulty: 2`` after step 50); the task
 list is the new environment's, the sampler's position and pass rates restart with it.
@@ -76,6 +85,12 @@ class CurriculumConfig(BaseModel):
         description="with stratify_by: each value's share of every step as a whole number, e.g. "
         "{1: 2, 2: 1} draws values 1, 2, 1, 1, 2, 1, ... (null: equal shares); every value of the "
         "field needs a weight",
+    )
+    pair_by: str | None = Field(
+        None,
+        description="a task metadata field (e.g. multihop's first_hop): each task drawn is followed in "
+        "the same step by one other training task with the same value, picked at random, when there is "
+        "one; tasks_per_step counts both",
     )
     difficulty: list[DifficultyStage] = Field(
         default_factory=list,
@@ -187,8 +202,9 @@ class TaskStream:
     def load_state_dict(self, s: dict[str, Any]) -> None:
         if "epoch" not in s:
             raise ValueError(
-                "the checkpoint's task stream is not a plain uniform one (curriculum.sampler=pass_rate or "
-                "curriculum.stratify_by was set); resume it with the same curriculum.sampler and stratify_by"
+                "the checkpoint's task stream is not a plain uniform one (curriculum.sampler=pass_rate, "
+                "curriculum.stratify_by or curriculum.pair_by was set); resume it with the same "
+                "curriculum.sampler, stratify_by and pair_by"
             )
         self.epoch, self.pos = int(s["epoch"]), int(s["pos"])
         self.stage = int(s.get("stage", -1))  # checkpoints from before difficulty schedules
@@ -289,7 +305,7 @@ class StratifiedStream:
         if "strata" not in s or len(s["strata"]) != len(self.streams):
             raise ValueError(
                 f"the checkpoint's task stream is not stratified by {self.key!r} over {len(self.streams)} "
-                "values; resume it with the same curriculum.sampler and curriculum.stratify_by"
+                "values; resume it with the same curriculum.sampler, curriculum.stratify_by and curriculum.pair_by"
             )
         cycle = [int(i) for i in s.get("cycle", range(len(self.streams)))]  # saved before weights: equal
         if cycle != self.cycle:
@@ -300,6 +316,67 @@ class StratifiedStream:
         self.drawn, self.stage = int(s["drawn"]), int(s["stage"])
         for stream, state in zip(self.streams, s["strata"], strict=True):
             stream.load_state_dict(state)
+
+
+class PairedStream:
+    """Follows each task that ``base`` draws with a partner: another training task with the same
+    value of ``task.metadata[key]`` (:func:`stratum_of`), not already in the step, picked by a
+    generator seeded with ``(seed, number of anchors drawn)``. A task whose value no other task
+    shares comes alone; a task ``base`` draws that is already in the step as a partner is passed
+    over for the next one. ``next(n)`` returns exactly ``n`` tasks: a partner that would be the
+    ``n+1``-th is left out. Its state (the base's state and the count) resumes exactly."""
+
+    def __init__(self, base: TaskSampler, tasks: Sequence[Task], seed: int, key: str) -> None:
+        self.base, self.seed, self.key = base, seed, key
+        self.anchors = 0
+        self._group(tasks)
+
+    def _group(self, tasks: Sequence[Task]) -> None:
+        self.tasks = _check(tasks)
+        self.partners: dict[str, list[Task]] = {}
+        for t in self.tasks:
+            if self.key not in t.metadata:
+                raise ValueError(
+                    f"curriculum.pair_by={self.key!r}: training task {t.id!r} has no metadata field "
+                    f"{self.key!r} (it has {sorted(t.metadata)}); name a field every training task carries"
+                )
+            self.partners.setdefault(stratum_of(t.metadata[self.key]), []).append(t)
+
+    def next(self, n: int) -> list[Task]:
+        out: list[Task] = []
+        while len(out) < n:
+            taken = {t.id for t in out}
+            for _ in range(len(self.tasks)):  # skip a task that came in the step as a partner
+                (task,) = self.base.next(1)
+                if task.id not in taken:
+                    break
+            rng = random.Random(self.seed * 1_000_003 + 104_729 * self.anchors)
+            self.anchors += 1
+            out.append(task)
+            taken.add(task.id)
+            free = [t for t in self.partners[stratum_of(task.metadata[self.key])] if t.id not in taken]
+            if free and len(out) < n:
+                out.append(rng.choice(free))
+        return out
+
+    def observe(self, groups: Sequence[TrajectoryGroup]) -> None:
+        self.base.observe(groups)
+
+    def set_tasks(self, tasks: Sequence[Task], stage: int) -> None:
+        self.base.set_tasks(tasks, stage)
+        self._group(tasks)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"paired": self.anchors, "base": self.base.state_dict()}
+
+    def load_state_dict(self, s: dict[str, Any]) -> None:
+        if "paired" not in s:
+            raise ValueError(
+                f"the checkpoint's task stream is not paired by {self.key!r}; resume it with the same "
+                "curriculum.pair_by"
+            )
+        self.anchors = int(s["paired"])
+        self.base.load_state_dict(s["base"])
 
 
 def pass_rate_weight(p: float | None, floor: float) -> float:
@@ -361,25 +438,30 @@ class PassRateSampler:
     def load_state_dict(self, s: dict[str, Any]) -> None:
         if "draws" not in s:
             raise ValueError(
-                "the checkpoint's task stream is a uniform or stratified one (curriculum.sampler=uniform); "
-                "resume it with the same curriculum.sampler and stratify_by"
+                "the checkpoint's task stream is a uniform, stratified or paired one (curriculum.sampler="
+                "uniform or curriculum.pair_by); resume it with the same curriculum.sampler, stratify_by and "
+                "pair_by"
             )
         self.draws, self.stage = int(s["draws"]), int(s["stage"])
         self.history = {str(k): [float(x) for x in v] for k, v in s["history"].items()}
 
 
 def make_sampler(cfg: CurriculumConfig, tasks: Sequence[Task], seed: int) -> TaskSampler:
-    """The sampler ``curriculum.sampler`` names over ``tasks``."""
+    """The sampler ``curriculum.sampler`` names over ``tasks``, paired by ``curriculum.pair_by``."""
+    base: TaskSampler
     if cfg.sampler == "pass_rate":
-        return PassRateSampler(tasks, seed, window=cfg.window, floor=cfg.floor)
-    if cfg.stratify_by is not None:
-        return StratifiedStream(tasks, seed, cfg.stratify_by, cfg.stratify_weights)
-    return TaskStream(tasks, seed)
+        base = PassRateSampler(tasks, seed, window=cfg.window, floor=cfg.floor)
+    elif cfg.stratify_by is not None:
+        base = StratifiedStream(tasks, seed, cfg.stratify_by, cfg.stratify_weights)
+    else:
+        base = TaskStream(tasks, seed)
+    return base if cfg.pair_by is None else PairedStream(base, tasks, seed, cfg.pair_by)
 
 
 __all__ = [
     "CurriculumConfig",
     "DifficultyStage",
+    "PairedStream",
     "PassRateSampler",
     "StratifiedStream",
     "TaskSampler",
