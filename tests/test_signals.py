@@ -86,3 +86,30 @@ def test_a_second_signal_exits_at_once_without_a_trace(tmp_path):
         return
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "second signal 15: exiting without a checkpoint" in err
+
+
+def test_a_signal_during_a_periodic_evaluation_records_no_cut_short_result(tmp_path, monkeypatch, caplog):
+    """The evaluation that a stop cuts short is not the policy's accuracy: nothing is recorded at
+    that step, so the caller's own evaluation after the stop (``flowgrpo train``'s final one) runs
+    on the checkpointed policy with the stop cleared."""
+    from flowgrpo.runs.rundir import RunDir
+    from flowgrpo.training import trainer as trainer_module
+    from tests.test_trainer import make_trainer
+
+    real = trainer_module.evaluate
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # the trainer's handler runs here, in the main thread
+        return real(*args, **kwargs)
+
+    t = make_trainer(tmp_path, "train.steps=3", "run.eval_every=1", "run.eval_n=4", "run.save_every=0")
+    monkeypatch.setattr(trainer_module, "evaluate", signalled)
+    result = t.train()
+    assert result["status"] == "interrupted" and t.step == 1
+    assert "the evaluation at step 1 was cut short and is not recorded" in caplog.text
+    assert RunDir(t.out).find_eval("step1") is None
+    monkeypatch.setattr(trainer_module, "evaluate", real)
+    after = t.evaluate(n=4, label="step1", record=True)  # what the pipeline runs next
+    assert after.n == 4 and "error" not in after.terminations, after.terminations
+    assert RunDir(t.out).find_eval("step1") is not None
+    assert (t.out / "checkpoints").is_dir()

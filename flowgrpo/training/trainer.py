@@ -331,16 +331,25 @@ class Trainer:
                     and cfg.run.eval_every
                     and self.step % cfg.run.eval_every == 0
                     and (eval_last_step or self.step < target)
+                    and self._stop_signal is None  # the caller evaluates once the stop is handled
                 ):
-                    ev = self.evaluate(n=cfg.run.eval_n, label=f"step{self.step}", record=True)
-                    self.metrics.log(
-                        self.step,
-                        {
-                            "eval/accuracy": ev.accuracy,
-                            "eval/ci95_low": ev.ci95[0],
-                            "eval/ci95_high": ev.ci95[1],
-                        },
-                    )
+                    try:
+                        ev = self.evaluate(n=cfg.run.eval_n, label=f"step{self.step}", record=True)
+                    except interrupt.Interrupted:
+                        log.warning(
+                            "signal %d: the evaluation at step %d was cut short and is not recorded",
+                            self._stop_signal,
+                            self.step,
+                        )
+                    else:
+                        self.metrics.log(
+                            self.step,
+                            {
+                                "eval/accuracy": ev.accuracy,
+                                "eval/ci95_low": ev.ci95[0],
+                                "eval/ci95_high": ev.ci95[1],
+                            },
+                        )
                 if self._stop_signal is not None:
                     log.warning(
                         "signal %d: checkpointing at step %d and stopping", self._stop_signal, self.step
@@ -962,7 +971,9 @@ class Trainer:
         record: bool = False,
     ) -> EvalResult:
         """:func:`flowgrpo.runs.evaluation.evaluate` of the current policy at this step; ``record`` adds
-        it to the run directory (``RUN/eval.jsonl`` and ``RUN/eval/LABEL.jsonl``)."""
+        it to the run directory (``RUN/eval.jsonl`` and ``RUN/eval/LABEL.jsonl``). A stop requested
+        by a signal while it ran cuts its episodes short: then it raises
+        :class:`~flowgrpo.utils.interrupt.Interrupted` and records nothing."""
         result, groups = evaluate(
             self.parts,
             split,
@@ -974,6 +985,7 @@ class Trainer:
             progress=self.cfg.run.progress,
         )
         release_free_heap()  # the evaluation's caches, before training allocates again
+        interrupt.check()
         if record:
             record_evaluation(self.out, result, groups)
         return result
