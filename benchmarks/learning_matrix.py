@@ -49,6 +49,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from flowgrpo.algorithms.stats import PairedComparison, paired_difference
 from flowgrpo.runs.rundir import RunDir
 
@@ -167,6 +169,13 @@ class Arm:
         spent = json.loads(wall.read_text()) if wall.is_file() else {}
         self.wall_min: float | None = spent.get("wall_min")
         self.peak_rss_gb: float | None = spent.get("peak_rss_gb")
+        cfg = out / "config.yaml"
+        self.steps: int | None = yaml.safe_load(cfg.read_text())["train"]["steps"] if cfg.is_file() else None
+
+    @property
+    def stopped_early(self) -> bool:
+        """Its final evaluation is of a step before ``train.steps``: a signal or a crash stopped it."""
+        return self.steps is not None and self.final.step < self.steps
 
 
 def difference_cells(c: PairedComparison) -> str:
@@ -299,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--keep-checkpoints",
         action="store_true",
-        help="keep the checkpoints of the arms this command runs (default: delete them once evaluated)",
+        help="keep the checkpoints of the arms this command runs (default: delete them once evaluated, "
+        "unless the arm stopped before its last step)",
     )
     args = ap.parse_args(argv)
 
@@ -334,7 +344,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: exit {rc}, no result ({e}); see {out / 'train.log'}", file=sys.stderr)
             missing.append(name)
             continue
-        if not args.keep_checkpoints and (freed := prune_checkpoints(out)):
+        if done[name].stopped_early:
+            print(
+                f"{name}: stopped at step {done[name].final.step} of {done[name].steps}; kept its checkpoints "
+                f"in {out / 'checkpoints'} (continue it with flowgrpo train --set run.resume=true)"
+            )
+        elif not args.keep_checkpoints and (freed := prune_checkpoints(out)):
             print(f"{name}: deleted its checkpoints ({freed / 2**30:.1f} GiB; --keep-checkpoints keeps them)")
     rows = [(name, done[name]) for name in order if name in done]
     missing.sort(key=order.index)

@@ -415,6 +415,18 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
     )
     assert (arms / "fp16-seed5" / "checkpoints" / "step-000001" / "model.safetensors").is_file()
 
+    def stopped_train(config, out, precision, seed, steps, eval_n, extra) -> int:
+        fake_train(config, out, precision, 3, steps, eval_n, extra)
+        (out / "config.yaml").write_text("train:\n  steps: 12\n")
+        arm(out.name, [0, 1], [1, 1], final_step=9)  # a signal stopped it after step 9 of 12
+        return 0
+
+    monkeypatch.setattr(lm, "run_arm", stopped_train)
+    capsys.readouterr()
+    assert main(["--seeds", "8", "--precision", "fp16", "--root", str(tmp_path), "--run"]) == 0
+    assert (arms / "fp16-seed8" / "checkpoints" / "step-000001" / "model.safetensors").is_file()
+    assert "fp16-seed8: stopped at step 9 of 12; kept its checkpoints" in capsys.readouterr().out
+
     # --jobs 2: two arms train at once (each waits for the other at a barrier), the table keeps the
     # order of the arms asked for
     import threading
