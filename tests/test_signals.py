@@ -104,7 +104,12 @@ def test_a_signal_during_a_periodic_evaluation_records_no_cut_short_result(tmp_p
 
     t = make_trainer(tmp_path, "train.steps=3", "run.eval_every=1", "run.eval_n=4", "run.save_every=0")
     monkeypatch.setattr(trainer_module, "evaluate", signalled)
-    result = t.train()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        result = t.train()
+    finally:  # after a stop the trainer leaves "exit at once" handlers for the process's wind-down
+        for s, h in handlers.items():
+            signal.signal(s, h)
     assert result["status"] == "interrupted" and t.step == 1
     assert "the evaluation at step 1 was cut short and is not recorded" in caplog.text
     assert RunDir(t.out).find_eval("step1") is None

@@ -25,7 +25,8 @@ the same result, and differ in the next decision (answer the city, or search its
 apart, a step holding only one of them pushes that shared decision one way for both, and the next
 step pushes it back (docs/learning.md 10.5); drawn together, the part of the two groups' gradients
 that does not depend on the question's wording pulls both ways at once, and what is left is the
-part that reads the wording.
+part that reads the wording. Measured on the search agent (docs/learning.md 15): the pairs' pushes
+do cancel, but other tasks that share the decision (other 2-hop chains) can still move it.
 
 A difficulty schedule (``curriculum.difficulty``) rebuilds the environment with other keyword
 arguments from a given step on (e.g. ``arithmetic``'s ``difficulty: 2`` after step 50); the task
