@@ -219,6 +219,20 @@ def stratum_of(value: Any) -> str:
     return " > ".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
 
 
+def by_field(tasks: Sequence[Task], key: str, option: str) -> dict[str, list[Task]]:
+    """``tasks`` grouped by the :func:`stratum_of` their ``metadata[key]``, in list order; every
+    task must carry the field (the error names ``curriculum.<option>`` and the first that does not)."""
+    groups: dict[str, list[Task]] = {}
+    for t in _check(tasks):
+        if key not in t.metadata:
+            raise ValueError(
+                f"curriculum.{option}={key!r}: training task {t.id!r} has no metadata field "
+                f"{key!r} (it has {sorted(t.metadata)}); name a field every training task carries"
+            )
+        groups.setdefault(stratum_of(t.metadata[key]), []).append(t)
+    return groups
+
+
 def weighted_cycle(weights: Sequence[int]) -> list[int]:
     """One cycle of smooth weighted round-robin over indices ``0..V-1``: index ``i`` appears
     ``weights[i]`` times in ``sum(weights)`` draws, spread out rather than bunched, so a step shorter
@@ -254,14 +268,7 @@ class StratifiedStream:
         self._split(tasks)
 
     def _split(self, tasks: Sequence[Task]) -> None:
-        strata: dict[str, list[Task]] = {}
-        for t in _check(tasks):
-            if self.key not in t.metadata:
-                raise ValueError(
-                    f"curriculum.stratify_by={self.key!r}: training task {t.id!r} has no metadata field "
-                    f"{self.key!r} (it has {sorted(t.metadata)}); name a field every training task carries"
-                )
-            strata.setdefault(stratum_of(t.metadata[self.key]), []).append(t)
+        strata = by_field(tasks, self.key, "stratify_by")
         self.values = sorted(strata)
         self.streams = [
             TaskStream(strata[v], self.seed * 1_000_003 + 7919 * i) for i, v in enumerate(self.values)
@@ -334,14 +341,7 @@ class PairedStream:
 
     def _group(self, tasks: Sequence[Task]) -> None:
         self.tasks = _check(tasks)
-        self.partners: dict[str, list[Task]] = {}
-        for t in self.tasks:
-            if self.key not in t.metadata:
-                raise ValueError(
-                    f"curriculum.pair_by={self.key!r}: training task {t.id!r} has no metadata field "
-                    f"{self.key!r} (it has {sorted(t.metadata)}); name a field every training task carries"
-                )
-            self.partners.setdefault(stratum_of(t.metadata[self.key]), []).append(t)
+        self.partners = by_field(self.tasks, self.key, "pair_by")
 
     def next(self, n: int) -> list[Task]:
         out: list[Task] = []
