@@ -120,17 +120,33 @@ def run_arm(
     cmd = [sys.executable, "-m", "flowgrpo", "train", config, "--eval-n", str(eval_n), "--untrained-n", "0"]
     cmd += ["--no-report"] + [a for s in sets for a in ("--set", s)]
     print("$", " ".join(cmd), flush=True)
-    rc, wall_min, peak_gb = run_logged(cmd, out / "train.log")
-    (out / "wall.json").write_text(json.dumps({"rc": rc, "wall_min": wall_min, "peak_rss_gb": peak_gb}))
+    resume = "run.resume=true" in extra
+    rc, wall_min, peak_gb = run_logged(cmd, out / "train.log", append=resume)
+    record_cost(out / "wall.json", rc, wall_min, peak_gb, resume=resume)
     return rc
 
 
-def run_logged(cmd: list[str], log: Path) -> tuple[int, float, float]:
-    """Run ``cmd`` with its output in ``log``; returns its exit code, wall minutes and peak resident
-    memory in GB (``ru_maxrss`` of that child from ``os.wait4``). An arm's peak is what decides
-    whether a recipe fits a machine: a 12-step search run outgrew 24 GiB (docs/learning.md 10.3)."""
+def record_cost(path: Path, rc: int, wall_min: float, peak_gb: float, *, resume: bool) -> None:
+    """Write an arm's exit code, wall minutes and peak memory to ``path``. A resumed run adds its
+    minutes to those already recorded and keeps the higher peak, so the table's wall column is what
+    the whole arm cost, not its last piece."""
+    earlier = json.loads(path.read_text()) if resume and path.is_file() else {}
+    cost = {
+        "rc": rc,
+        "wall_min": earlier.get("wall_min", 0.0) + wall_min,
+        "peak_rss_gb": max(earlier.get("peak_rss_gb", 0.0), peak_gb),
+        "runs": earlier.get("runs", 1 if earlier else 0) + 1,
+    }
+    path.write_text(json.dumps(cost))
+
+
+def run_logged(cmd: list[str], log: Path, *, append: bool = False) -> tuple[int, float, float]:
+    """Run ``cmd`` with its output in ``log`` (after what it holds when ``append``, as for a resumed
+    arm); returns its exit code, wall minutes and peak resident memory in GB (``ru_maxrss`` of that
+    child from ``os.wait4``). An arm's peak is what decides whether a recipe fits a machine: a
+    12-step search run outgrew 24 GiB (docs/learning.md 10.3)."""
     t0 = time.monotonic()
-    with open(log, "w") as f:
+    with open(log, "a" if append else "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
         _, status, rusage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)

@@ -303,6 +303,23 @@ def test_learning_matrix_records_an_arms_own_peak_memory(tmp_path) -> None:
     assert rc == 3
 
 
+def test_learning_matrix_a_resumed_arm_keeps_its_earlier_log_and_cost(tmp_path) -> None:
+    import json
+    import sys
+
+    from benchmarks.learning_matrix import record_cost, run_logged
+
+    log, wall = tmp_path / "train.log", tmp_path / "wall.json"
+    run_logged([sys.executable, "-c", "print('steps 1-13')"], log)
+    record_cost(wall, -9, 7.75, 2.7, resume=False)  # killed during its final evaluation
+    run_logged([sys.executable, "-c", "print('step 15, final')"], log, append=True)
+    record_cost(wall, 0, 1.0, 3.2, resume=True)
+    assert log.read_text() == "steps 1-13\nstep 15, final\n"
+    assert json.loads(wall.read_text()) == {"rc": 0, "wall_min": 8.75, "peak_rss_gb": 3.2, "runs": 2}
+    record_cost(wall, 0, 5.0, 1.0, resume=False)  # a fresh run of the arm starts the count again
+    assert json.loads(wall.read_text()) == {"rc": 0, "wall_min": 5.0, "peak_rss_gb": 1.0, "runs": 1}
+
+
 def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
     tmp_path, capsys, monkeypatch
 ) -> None:
