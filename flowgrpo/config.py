@@ -51,8 +51,9 @@ class ModelConfig(_Section):
         description="the weights the rollout (hf backend) samples from: float32 = the trained weights "
         "themselves (under autocast when set); bfloat16/float16 = an inference copy cast from the fp32 "
         "master weights after each optimizer step (verl/vLLM style; no per-op casts); auto = bfloat16 "
-        "where bf16 is native (CPU AVX512-BF16/AMX: measured 1.75x faster decoding; CUDA: not "
-        "measured), else float32. Anything below fp32 on either side turns on algorithm.tis=auto",
+        "on a CPU with native bf16 (AVX512-BF16/AMX: measured 1.75x faster decoding), else float32 "
+        "(on a GPU the bf16 copy decoded no faster for SmolLM2-135M and its RL arms ended lower: "
+        "docs/learning.md section 17). Anything below fp32 on either side turns on algorithm.tis=auto",
     )
     device: str = Field(
         "auto",

@@ -76,8 +76,8 @@ def test_auto_is_cuda_on_this_machine():
 
 
 def test_sampling_from_a_bf16_copy_on_cuda_avoids_cudnn_attention(tmp_path):
-    """The default sampler on a GPU (a bf16 copy) runs without cuDNN attention, which re-plans at every
-    decode length (on an H200: 93 ms per decode step with it, 29 ms without; modeling.hardware)."""
+    """A bf16 sampling copy on a GPU runs without cuDNN attention, which re-plans at every decode
+    length (on an H200: 93 ms per decode step with it, 29 ms without; modeling.hardware)."""
     _, out = _one_step(tmp_path, "model.rollout_dtype=bfloat16")
     assert not torch.backends.cuda.cudnn_sdp_enabled()
     assert out["sampler_ratio_min"] > 0

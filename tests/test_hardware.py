@@ -59,6 +59,16 @@ def test_rollout_dtype(monkeypatch, flags, setting, expected):
     assert hardware.resolve_rollout_dtype("bfloat16", "cpu", weights_dtype="bfloat16") is None
 
 
+def test_auto_samples_the_fp32_weights_on_cuda(monkeypatch):
+    """On a GPU the bf16 copy decoded no faster than fp32 and its RL arms ended 4.9 points lower
+    (docs/learning.md section 17), so ``auto`` keeps sampler and trainer identical there."""
+    monkeypatch.setattr(hardware, "fast_bf16", lambda device=None: True)
+    assert hardware.resolve_rollout_dtype("auto", "cuda") is None
+    assert hardware.resolve_rollout_dtype("auto", "cuda:1") is None
+    assert hardware.resolve_rollout_dtype("auto", "cpu") == "bfloat16"
+    assert hardware.resolve_rollout_dtype("bfloat16", "cuda") == "bfloat16"  # an explicit setting is kept
+
+
 def test_sampler_matches_trainer_only_in_fp32_on_both_sides():
     assert hardware.sampler_matches_trainer(None, None)
     assert not hardware.sampler_matches_trainer("bfloat16", None)

@@ -24,13 +24,17 @@ fp16 arithmetic); an update of 8 x 256 tokens 8.2-9.6 s in fp32 and 3.2-3.4 s un
 On an AVX2-only CPU bf16 matmuls are emulated (0.6 GFLOP/s against 68-190 in fp32), so ``auto``
 samples in fp32 there too.
 
-On CUDA ``auto`` samples from a bf16 copy and keeps the update in fp32 (bf16 autocast on an H100
-was slower than fp32 end to end). A copy only pays off there without PyTorch's cuDNN attention
-backend (:func:`avoid_cudnn_attention`): measured on an H200 (torch 2.11+cu130, SmolLM2-135M
-shapes with random weights, 64 rows x 48 tokens through the ``hf`` backend), a decode step
-from the bf16 copy took 93 ms with cuDNN attention against 29 ms without it (fp32: 30-31 ms either
-way, since cuDNN attention serves only bf16/fp16). A decode step is launch-bound there: ~3.4 ms of
-GPU work in ~23 ms of host time per step.
+On CUDA ``auto`` is fp32 on both sides: bf16 autocast on an H100 was slower than fp32 end to end,
+and a bf16 sampling copy buys no speed there and costs RL accuracy. A decode step of a 135M model
+is launch-bound on a GPU (~3.4 ms of GPU work in ~23 ms of host time per step, H200): with cuDNN
+attention off (:func:`avoid_cudnn_attention`) the bf16 copy decoded at 42.4 ms per step against
+43.8 in fp32 on an H100 (SmolLM2-135M, 64 rows x 64 tokens, torch 2.11+cu130), 29.1 against 29.8
+on an H200. Over the demo's six GPU pairs of arms (3 seeds, the 3-step config on an H200 and the
+15-step cosine + KL 0.05 recipe on an H100; docs/learning.md sections 11 and 17) the fp32 arm ended
+above the bf16-sampling arm of the same seed in five, pooled +4.9 points on the same 500 tasks
+(p = 1.3e-16, n = 3000), and the one bf16 arm that rose and decayed in a long run (seed 1: 0.575 at
+step 5, 0.43 at step 15) was a bf16 one. A model large enough for its decode to be bound by the GPU
+may gain speed from ``rollout_dtype: bfloat16`` (or ``float16``); that has not been measured here.
 
 Any precision below fp32 on either side makes the sampler's logprobs differ from the trainer's
 (ratios of 0.85-1.20 on an on-policy update were seen under bf16); :func:`sampler_matches_trainer`
@@ -214,13 +218,14 @@ def resolve_rollout_dtype(
     """The dtype of the inference copy the rollout samples from, or ``None`` to sample from the
     trained weights themselves.
 
-    ``"auto"`` -> ``"bfloat16"`` where bf16 is native (a CPU with avx512_bf16/AMX: a decode step
-    measured 1.75x faster than fp32; an H200: as fast as fp32 for a 135M model once cuDNN attention
-    is off, see the module docstring), else ``None``.
+    ``"auto"`` -> ``"bfloat16"`` on a CPU with native bf16 (avx512_bf16/AMX: a decode step measured
+    1.75x faster than fp32), else ``None``: on a CPU without it bf16 is emulated, and on a GPU the
+    copy decoded no faster than fp32 and its RL arms ended lower (module docstring).
     A setting equal to ``weights_dtype`` needs no copy (``None``).
     """
     if setting == "auto":
-        chosen = "bfloat16" if fast_bf16(device) else None
+        on_cpu = str(device or "cpu").split(":")[0] == "cpu"
+        chosen = "bfloat16" if on_cpu and fast_bf16(device) else None
         log.debug("rollout_dtype auto on %s: %s", device or "cpu", chosen or "the fp32 weights")
     else:
         chosen = setting
