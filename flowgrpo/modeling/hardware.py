@@ -32,8 +32,8 @@ attention off (:func:`avoid_cudnn_attention`) the bf16 copy decoded at 42.4 ms p
 on an H200. Over the demo's six GPU pairs of arms (3 seeds, the 3-step config on an H200 and the
 15-step cosine + KL 0.05 recipe on an H100; docs/learning.md sections 11 and 17) the fp32 arm ended
 above the bf16-sampling arm of the same seed in five, pooled +4.9 points on the same 500 tasks
-(p = 1.3e-16, n = 3000), and the one bf16 arm that rose and decayed in a long run (seed 1: 0.575 at
-step 5, 0.43 at step 15) was a bf16 one. A model large enough for its decode to be bound by the GPU
+(p = 1.3e-16, n = 3000), and the one GPU arm that rose and decayed in a long run sampled from the
+bf16 copy (seed 1: 0.575 at step 5, 0.43 at step 15). A model large enough for its decode to be bound by the GPU
 may gain speed from ``rollout_dtype: bfloat16`` (or ``float16``); that has not been measured here.
 
 Any precision below fp32 on either side makes the sampler's logprobs differ from the trainer's
