@@ -33,8 +33,9 @@ on an H200. Over the demo's six GPU pairs of arms (3 seeds, the 3-step config on
 15-step cosine + KL 0.05 recipe on an H100; docs/learning.md sections 11 and 17) the fp32 arm ended
 above the bf16-sampling arm of the same seed in five, pooled +4.9 points on the same 500 tasks
 (p = 1.3e-16, n = 3000), and the one GPU arm that rose and decayed in a long run sampled from the
-bf16 copy (seed 1: 0.575 at step 5, 0.43 at step 15). A model large enough for its decode to be bound by the GPU
-may gain speed from ``rollout_dtype: bfloat16`` (or ``float16``); that has not been measured here.
+bf16 copy (seed 1: 0.575 at step 5, 0.43 at step 15). A model large enough for its decode to be
+bound by the GPU may gain speed from ``rollout_dtype: bfloat16`` (or ``float16``); that has not
+been measured here.
 
 Any precision below fp32 on either side makes the sampler's logprobs differ from the trainer's
 (ratios of 0.85-1.20 on an on-policy update were seen under bf16); :func:`sampler_matches_trainer`
@@ -171,9 +172,14 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+def device_kind(device: str | None = None) -> str:
+    """``"cpu"`` or ``"cuda"`` for a device setting (``cuda:1`` -> ``cuda``; None -> ``cpu``)."""
+    return str(device or "cpu").split(":")[0]
+
+
 def fast_bf16(device: str | None = None) -> bool:
     """True when bf16 matmuls run natively on ``device`` (``cpu``, ``cuda``, ``cuda:0``, ...)."""
-    kind = str(device or "cpu").split(":")[0]
+    kind = device_kind(device)
     if kind == "cuda":
         import torch
 
@@ -203,7 +209,7 @@ def resolve_autocast(setting: str | None, device: str | None = None) -> str | No
             "emulated and much slower than fp32; use model.autocast=auto or null",
             device or "cpu",
         )
-    if setting == "float16" and str(device or "cpu").startswith("cpu") and not _FP16_CPU_FLAGS & cpu_flags():
+    if setting == "float16" and device_kind(device) == "cpu" and not _FP16_CPU_FLAGS & cpu_flags():
         log.warning(
             "autocast float16 on a CPU without native fp16 (no avx512_fp16/amx_fp16): an update is ~20x "
             "slower than fp32 (56 s against 2.6-3.3 s for 2 x 256 tokens of SmolLM2-135M on an avx512_bf16 "
@@ -224,8 +230,7 @@ def resolve_rollout_dtype(
     A setting equal to ``weights_dtype`` needs no copy (``None``).
     """
     if setting == "auto":
-        on_cpu = str(device or "cpu").split(":")[0] == "cpu"
-        chosen = "bfloat16" if on_cpu and fast_bf16(device) else None
+        chosen = "bfloat16" if device_kind(device) == "cpu" and fast_bf16(device) else None
         log.debug("rollout_dtype auto on %s: %s", device or "cpu", chosen or "the fp32 weights")
     else:
         chosen = setting
