@@ -52,6 +52,7 @@ from typing import Any
 import yaml
 
 from flowgrpo.algorithms.stats import PairedComparison, paired_difference
+from flowgrpo.config import parse_override
 from flowgrpo.runs.rundir import RunDir
 
 PRECISIONS: dict[str, list[str]] = {
@@ -120,10 +121,21 @@ def run_arm(
     cmd = [sys.executable, "-m", "flowgrpo", "train", config, "--eval-n", str(eval_n), "--untrained-n", "0"]
     cmd += ["--no-report"] + [a for s in sets for a in ("--set", s)]
     print("$", " ".join(cmd), flush=True)
-    resume = "run.resume=true" in extra
+    resume = resumes(extra)
     rc, wall_min, peak_gb = run_logged(cmd, out / "train.log", append=resume)
     record_cost(out / "wall.json", rc, wall_min, peak_gb, resume=resume)
     return rc
+
+
+def resumes(overrides: list[str]) -> bool:
+    """Whether ``--set`` overrides resume the arm's run: the last ``run.resume`` wins, parsed as
+    ``flowgrpo train`` parses it (``true``, ``True``, ``yes`` or a checkpoint's path resume)."""
+    value: object = False
+    for text in overrides:
+        path, parsed = parse_override(text)
+        if path == ["run", "resume"]:
+            value = parsed
+    return bool(value)
 
 
 def record_cost(path: Path, rc: int, wall_min: float, peak_gb: float, *, resume: bool) -> None:

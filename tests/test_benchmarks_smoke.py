@@ -320,6 +320,16 @@ def test_learning_matrix_a_resumed_arm_keeps_its_earlier_log_and_cost(tmp_path) 
     assert json.loads(wall.read_text()) == {"rc": 0, "wall_min": 5.0, "peak_rss_gb": 1.0, "runs": 1}
 
 
+def test_learning_matrix_reads_run_resume_as_the_trainer_does() -> None:
+    from benchmarks.learning_matrix import resumes
+
+    assert resumes(["train.lr=1e-5", "run.resume=true"])
+    assert resumes(["run.resume=True"]) and resumes(["run.resume = yes"])
+    assert resumes(["run.resume=/runs/arm/checkpoints/step_000004"])
+    assert not resumes(["train.lr=1e-5"])
+    assert not resumes(["run.resume=true", "run.resume=false"])  # the last one wins, as in the config
+
+
 def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
     tmp_path, capsys, monkeypatch
 ) -> None:
