@@ -118,3 +118,36 @@ def test_a_signal_during_a_periodic_evaluation_records_no_cut_short_result(tmp_p
     assert after.n == 4 and "error" not in after.terminations, after.terminations
     assert RunDir(t.out).find_eval("step1") is not None
     assert (t.out / "checkpoints").is_dir()
+
+
+def test_a_signal_during_the_final_evaluation_loses_only_that_evaluation(tmp_path, monkeypatch, caplog):
+    """After the last step's checkpoint, a signal cuts the main job's final evaluation short:
+    nothing is recorded, the job ends as interrupted and says how to evaluate the checkpoint; a
+    signal there no longer kills the process with the default action."""
+    import time
+
+    from flowgrpo.runs.rundir import RunDir
+    from flowgrpo.training import trainer as trainer_module
+    from flowgrpo.training.pipeline import _train_and_evaluate
+    from tests.test_trainer import make_trainer
+
+    real = trainer_module.evaluate
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    t = make_trainer(tmp_path, "train.steps=2", "run.save_every=0")
+    t.train(until_step=1)  # a first piece of the run, as a resumed job would have done
+    monkeypatch.setattr(trainer_module, "evaluate", signalled)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        out = _train_and_evaluate(t, t.cfg, time.monotonic(), eval_n=4, untrained_n=0, report=False)
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    assert out["train"]["status"] == "interrupted" and out["after"] is None and t.step == 2
+    assert "the final evaluation was cut short and is not recorded" in caplog.text
+    assert "run.resume=true" in caplog.text
+    assert RunDir(t.out).find_eval("step2") is None
+    assert (t.out / "checkpoints" / "step_000002").is_dir()

@@ -17,6 +17,7 @@ from flowgrpo.config import TrainConfig
 from flowgrpo.env import Split
 from flowgrpo.runs.evaluation import EvalResult, compare
 from flowgrpo.runs.rundir import RunDir, RunError
+from flowgrpo.utils.interrupt import Interrupted
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,9 @@ def _train_and_evaluate(
         after = run.find_eval(f"step{trainer.step}")
         if after is None or after.n < eval_n:
             print(f"evaluating the trained policy on {eval_n} held-out tasks (greedy) ...", flush=True)
-            after = trainer.evaluate("test", eval_n, label=f"step{trainer.step}", record=True)
+            after = _final_evaluation(trainer, cfg, eval_n)
+            if after is None:
+                result["status"] = "interrupted"
     if report:
         from flowgrpo.runs.report import build_report, plot_run
 
@@ -108,6 +111,25 @@ def _train_and_evaluate(
         "train": result,
         "wall_s": wall,
     }
+
+
+def _final_evaluation(trainer: Any, cfg: TrainConfig, n: int) -> EvalResult | None:
+    """The trained policy's held-out evaluation; ``None`` when a signal cut it short. The
+    checkpoint is written before it starts, so a stop here loses only the evaluation, and the
+    message says how to run it again."""
+    with trainer.stop_on_signals():
+        try:
+            return trainer.evaluate("test", n, label=f"step{trainer.step}", record=True)
+        except Interrupted:
+            log.warning(
+                "signal %d: the final evaluation was cut short and is not recorded; the checkpoint of "
+                "step %d is saved, and `flowgrpo train CONFIG --set run.output_dir=%s --set "
+                "run.resume=true` (the same overrides) evaluates it",
+                trainer.stop_signal,
+                trainer.step,
+                cfg.run.output_dir,
+            )
+            return None
 
 
 def evaluate_run(

@@ -270,7 +270,7 @@ class Trainer:
         steps (``eval_last_step=False`` skips it at the last step, for a caller that evaluates the
         final policy on more tasks). SIGINT/SIGTERM stop the rollout within one decode step (the
         step is discarded) or finish the current update, write a checkpoint of the last complete
-        step and return (``status: "interrupted"``); see :meth:`_signals`."""
+        step and return (``status: "interrupted"``); see :meth:`stop_on_signals`."""
         from tqdm.auto import tqdm
 
         log.info(
@@ -304,7 +304,7 @@ class Trainer:
                 last_step=target,
                 before_batch=self.replica.refresh if self.replica is not None else None,
             )
-        with self._signals():
+        with self.stop_on_signals():
             while self.step < target:
                 stream_before = self.stream.state_dict() if self.producer is None else None
                 try:
@@ -358,14 +358,14 @@ class Trainer:
                     break
                 if cfg.run.save_every and self.step % cfg.run.save_every == 0:
                     self.save()
-        bar.close()
-        if self.producer is not None:
-            self.producer.close()
-            self.producer = None
-            if self._stream_state is not None:  # batches drawn ahead are drawn again next time
-                self.stream.load_state_dict(self._stream_state)
-        if not (cfg.run.save_every and self.step % cfg.run.save_every == 0) or status == "interrupted":
-            self.save()
+            bar.close()
+            if self.producer is not None:
+                self.producer.close()
+                self.producer = None
+                if self._stream_state is not None:  # batches drawn ahead are drawn again next time
+                    self.stream.load_state_dict(self._stream_state)
+            if not (cfg.run.save_every and self.step % cfg.run.save_every == 0) or status == "interrupted":
+                self.save()  # inside the block: a signal here lets the checkpoint finish
         if self.dist.is_main:
             self.idle.summary()
         return {"status": status, "step": self.step, **last}
@@ -923,14 +923,23 @@ class Trainer:
             (log.warning if rewound.moved else log.info)("%s", rewound.describe(self.step))
         return True
 
+    @property
+    def stop_signal(self) -> int | None:
+        """The signal that asked this trainer to stop, if one did."""
+        return self._stop_signal
+
     @contextmanager
-    def _signals(self):
+    def stop_on_signals(self):
         """SIGINT/SIGTERM set a flag; the loop checkpoints after the current step and returns.
         The flag is also :func:`flowgrpo.utils.interrupt.request_stop`, which the ``hf`` backend's decode
         thread checks before every forward pass: a signal during a rollout stops it within one
         decode step and the step is discarded; during an update the current step's optimizer steps
         finish (``epochs_per_batch * minibatches_per_batch``, one by default). A second signal exits
-        at once (status 128 + signal number) without a checkpoint or a traceback."""
+        at once (status 128 + signal number) without a checkpoint or a traceback.
+
+        The main job holds its final evaluation in a block of its own: a first signal there cuts
+        the evaluation short (:class:`~flowgrpo.utils.interrupt.Interrupted`) instead of killing the
+        process, and after a stop during training the next signal exits at once."""
 
         def exit_now(signum, frame):
             os.write(2, f"flowgrpo: second signal {signum}: exiting without a checkpoint\n".encode())
