@@ -223,6 +223,10 @@ class MultihopEnv(ToolEnv):
     Args:
         seed: seeds the knowledge base and the question sample.
         hops: which hop counts to ask (subset of {1, 2, 3}).
+        chains: only these relation chains, written as ``by_task --key chain`` prints them
+            (``["born_city", "born_city > country"]``); ``None`` asks every chain of ``hops``. A
+            question keeps its split whatever is filtered (the split hashes its text), so RL on some
+            chains can be scored on the full environment's held-out questions.
         num_people / num_orgs / num_cities / num_countries: size of the world.
         num_train / num_test: questions per split (capped by what the world offers).
         test_fraction: share of questions hashed into the test split.
@@ -238,6 +242,7 @@ class MultihopEnv(ToolEnv):
         *,
         seed: int = 0,
         hops: tuple[int, ...] | list[int] = (1, 2, 3),
+        chains: list[str] | None = None,
         num_people: int = 120,
         num_orgs: int = 40,
         num_cities: int = 30,
@@ -253,6 +258,14 @@ class MultihopEnv(ToolEnv):
             raise ValueError(f"hops must be a non-empty subset of (1, 2, 3), got {hops}")
         if not 0 < test_fraction < 1:
             raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+        self.chains = None if chains is None else {parse_chain(c) for c in chains}
+        if self.chains is not None:
+            known = {c for c, _, _ in QUESTIONS if len(c) in hops}
+            if not self.chains or not self.chains <= known:
+                names = ", ".join(sorted(" > ".join(c) for c in known))
+                raise ValueError(
+                    f"chains must be a non-empty list of the chains of hops {list(hops)}: {names}; got {chains}"
+                )
         self.kb = KnowledgeBase(
             seed, num_people=num_people, num_orgs=num_orgs, num_cities=num_cities, num_countries=num_countries
         )
@@ -270,7 +283,7 @@ class MultihopEnv(ToolEnv):
         subjects = {"person": self.kb.people, "org": self.kb.orgs, "city": self.kb.cities}
         questions = []
         for chain, kind, template in QUESTIONS:
-            if len(chain) not in self.hops:
+            if len(chain) not in self.hops or (self.chains is not None and chain not in self.chains):
                 continue
             for s in subjects[kind]:
                 questions.append((template.format(s=s), chain, s))
@@ -321,6 +334,11 @@ class MultihopEnv(ToolEnv):
 
     def oracle(self) -> MultihopOracle:
         return MultihopOracle(self.tasks("train") + self.tasks("test"))
+
+
+def parse_chain(text: str) -> tuple[str, ...]:
+    """``"born_city > country"`` -> ``("born_city", "country")``."""
+    return tuple(part.strip() for part in str(text).split(">"))
 
 
 def make_search_tool(docs: list[dict[str, str]], *, k: int = 3) -> Any:

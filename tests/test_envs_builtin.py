@@ -148,6 +148,19 @@ def test_multihop_questions_cover_1_to_3_hops_and_answers_follow_the_kb() -> Non
     assert {t.metadata["hops"] for t in only2.tasks("train")} == {2}
 
 
+def test_multihop_chains_keep_some_questions_in_the_splits_they_had() -> None:
+    full = MultihopEnv(hops=(1, 2))
+    pairs = MultihopEnv(hops=(1, 2), chains=["born_city", "born_city > country", "hq", "hq>country"])
+    wanted = {("born_city",), ("born_city", "country"), ("hq",), ("hq", "country")}
+    for split in ("train", "test"):
+        kept = {t.prompt for t in full.tasks(split) if tuple(t.metadata["chain"]) in wanted}
+        assert {t.prompt for t in pairs.tasks(split)} == kept and kept
+    with pytest.raises(ValueError, match="born_city > country"):
+        MultihopEnv(hops=(1, 2), chains=["born_city > city"])
+    with pytest.raises(ValueError, match="chains of hops"):
+        MultihopEnv(hops=(1,), chains=["born_city > country"])
+
+
 def test_multihop_first_hop_pairs_the_questions_that_start_with_the_same_search() -> None:
     from flowgrpo.algorithms.curriculum import CurriculumConfig, PairedStream, make_sampler
 
