@@ -225,8 +225,8 @@ class MultihopEnv(ToolEnv):
         hops: which hop counts to ask (subset of {1, 2, 3}).
         chains: only these relation chains, written as ``by_task --key chain`` prints them
             (``["born_city", "born_city > country"]``); ``None`` asks every chain of ``hops``. A
-            question keeps its split whatever is filtered (the split hashes its text), so RL on some
-            chains can be scored on the full environment's held-out questions.
+            kept question has the split and the id it has without ``chains`` (same ``hops``), so RL
+            on some chains is scored, and its batches read, against the full environment's tasks.
         num_people / num_orgs / num_cities / num_countries: size of the world.
         num_train / num_test: questions per split (capped by what the world offers).
         test_fraction: share of questions hashed into the test split.
@@ -283,22 +283,27 @@ class MultihopEnv(ToolEnv):
         subjects = {"person": self.kb.people, "org": self.kb.orgs, "city": self.kb.cities}
         questions = []
         for chain, kind, template in QUESTIONS:
-            if len(chain) not in self.hops or (self.chains is not None and chain not in self.chains):
+            if len(chain) not in self.hops:
                 continue
             for s in subjects[kind]:
                 questions.append((template.format(s=s), chain, s))
         random.Random(f"multihop-q:{self.seed}").shuffle(questions)
         out: dict[str, list[Task]] = {"train": [], "test": []}
         want = {"train": self.num_train, "test": self.num_test}
+        count = {"train": 0, "test": 0}  # over every chain of `hops`: ids do not depend on `chains`
         for prompt, chain, s in questions:
             h = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:8], "big") / 2**64
             split = "test" if h < self.test_fraction else "train"
-            if len(out[split]) >= want[split]:
+            if count[split] >= want[split]:
+                continue
+            index = count[split]
+            count[split] += 1
+            if self.chains is not None and chain not in self.chains:
                 continue
             answer = self.kb.follow(s, chain)
             out[split].append(
                 Task(
-                    id=f"multihop-{self.seed}-{split}-{len(out[split]):05d}",
+                    id=f"multihop-{self.seed}-{split}-{index:05d}",
                     prompt=prompt,
                     answer=answer,
                     metadata={
