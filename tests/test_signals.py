@@ -124,8 +124,6 @@ def test_a_signal_during_the_final_evaluation_loses_only_that_evaluation(tmp_pat
     """After the last step's checkpoint, a signal cuts the main job's final evaluation short:
     nothing is recorded, the job ends as interrupted and says how to evaluate the checkpoint; a
     signal there no longer kills the process with the default action."""
-    import time
-
     from flowgrpo.runs.rundir import RunDir
     from flowgrpo.training import trainer as trainer_module
     from flowgrpo.training.pipeline import _train_and_evaluate

@@ -81,7 +81,7 @@ def _train_and_evaluate(
         after = run.find_eval(f"step{trainer.step}")
         if after is None or after.n < eval_n:
             print(f"evaluating the trained policy on {eval_n} held-out tasks (greedy) ...", flush=True)
-            after = _final_evaluation(trainer, cfg, eval_n)
+            after = _final_evaluation(trainer, eval_n)
             if after is None:
                 result["status"] = "interrupted"
     if report:
@@ -113,7 +113,7 @@ def _train_and_evaluate(
     }
 
 
-def _final_evaluation(trainer: Any, cfg: TrainConfig, n: int) -> EvalResult | None:
+def _final_evaluation(trainer: Any, n: int) -> EvalResult | None:
     """The trained policy's held-out evaluation; ``None`` when a signal cut it short. The
     checkpoint is written before it starts, so a stop here loses only the evaluation, and the
     message says how to run it again."""
@@ -127,7 +127,7 @@ def _final_evaluation(trainer: Any, cfg: TrainConfig, n: int) -> EvalResult | No
                 "run.resume=true` (the same overrides) evaluates it",
                 trainer.stop_signal,
                 trainer.step,
-                cfg.run.output_dir,
+                trainer.out,
             )
             return None
 
