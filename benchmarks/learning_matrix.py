@@ -53,6 +53,7 @@ import yaml
 
 from flowgrpo.algorithms.stats import PairedComparison, paired_difference
 from flowgrpo.config import parse_override
+from flowgrpo.runs.checkpoint import checkpoint_step
 from flowgrpo.runs.rundir import RunDir
 
 PRECISIONS: dict[str, list[str]] = {
@@ -204,6 +205,12 @@ class Arm:
     def stopped_early(self) -> bool:
         """Its final evaluation is of a step before ``train.steps``: a signal or a crash stopped it."""
         return self.steps is not None and self.final.step < self.steps
+
+    @property
+    def trained_to(self) -> int | None:
+        """The step of its latest checkpoint; None when it kept none."""
+        latest = RunDir(self.out).latest_checkpoint()
+        return None if latest is None else checkpoint_step(latest)
 
 
 def difference_cells(c: PairedComparison) -> str:
@@ -372,9 +379,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: exit {rc}, no result ({e}); see {out / 'train.log'}", file=sys.stderr)
             missing.append(name)
             continue
-        if done[name].stopped_early:
+        arm = done[name]
+        if arm.stopped_early and arm.trained_to == arm.steps:
             print(
-                f"{name}: stopped at step {done[name].final.step} of {done[name].steps}; kept its checkpoints "
+                f"{name}: trained all {arm.steps} steps, but its final evaluation was cut short, so the "
+                f"table shows step {arm.final.step}; kept its checkpoints in {out / 'checkpoints'} "
+                f"(flowgrpo train --set run.resume=true evaluates step {arm.steps})"
+            )
+        elif arm.stopped_early:
+            print(
+                f"{name}: stopped at step {arm.final.step} of {arm.steps}; kept its checkpoints "
                 f"in {out / 'checkpoints'} (continue it with flowgrpo train --set run.resume=true)"
             )
         elif not args.keep_checkpoints and (freed := prune_checkpoints(out)):

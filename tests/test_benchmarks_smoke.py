@@ -454,6 +454,18 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
     assert (arms / "fp16-seed8" / "checkpoints" / "step-000001" / "model.safetensors").is_file()
     assert "fp16-seed8: stopped at step 9 of 12; kept its checkpoints" in capsys.readouterr().out
 
+    def cut_short_eval(config, out, precision, seed, steps, eval_n, extra) -> int:
+        stopped_train(config, out, precision, seed, steps, eval_n, extra)
+        (out / "checkpoints" / "step_000012").mkdir()
+        (out / "checkpoints" / "step_000012" / "state.pt").write_bytes(b"x")
+        return 0  # every step trained; a signal cut the final evaluation short
+
+    monkeypatch.setattr(lm, "run_arm", cut_short_eval)
+    assert main(["--seeds", "9", "--precision", "fp16", "--root", str(tmp_path), "--run"]) == 0
+    out = capsys.readouterr().out
+    assert "fp16-seed9: trained all 12 steps, but its final evaluation was cut short" in out
+    assert "run.resume=true evaluates step 12" in out and (arms / "fp16-seed9" / "checkpoints").is_dir()
+
     # --jobs 2: two arms train at once (each waits for the other at a barrier), the table keeps the
     # order of the arms asked for
     import threading

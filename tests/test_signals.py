@@ -126,7 +126,6 @@ def test_a_signal_during_the_final_evaluation_loses_only_that_evaluation(tmp_pat
     signal there no longer kills the process with the default action."""
     from flowgrpo.runs.rundir import RunDir
     from flowgrpo.training import trainer as trainer_module
-    from flowgrpo.training.pipeline import _train_and_evaluate
     from tests.test_trainer import make_trainer
 
     real = trainer_module.evaluate
@@ -138,14 +137,104 @@ def test_a_signal_during_the_final_evaluation_loses_only_that_evaluation(tmp_pat
     t = make_trainer(tmp_path, "train.steps=2", "run.save_every=0")
     t.train(until_step=1)  # a first piece of the run, as a resumed job would have done
     monkeypatch.setattr(trainer_module, "evaluate", signalled)
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        out = _train_and_evaluate(t, t.cfg, time.monotonic(), eval_n=4, untrained_n=0, report=False)
-    finally:
-        for s, h in handlers.items():
-            signal.signal(s, h)
+    out = _run_job(t)
     assert out["train"]["status"] == "interrupted" and out["after"] is None and t.step == 2
     assert "the final evaluation was cut short and is not recorded" in caplog.text
     assert "run.resume=true" in caplog.text
     assert RunDir(t.out).find_eval("step2") is None
     assert (t.out / "checkpoints" / "step_000002").is_dir()
+
+
+# The calculator agent on the tiny model, with a short warm start: the warm phase of the main job.
+WARM = [
+    "model.name=tiny",
+    "model.device=cpu",
+    "model.autocast=null",
+    "train.steps=1",
+    "train.tasks_per_step=2",
+    "train.group_size=2",
+    "rollout.max_turns=2",
+    "rollout.max_new_tokens=16",
+    "sft.enabled=true",
+    "sft.tasks=4",
+    "sft.epochs=1",
+    "sft.batch_trajectories=1",
+    "sft.replay_coef=0",
+    "run.progress=false",
+    "run.eval_every=0",
+    "run.save_every=0",
+]
+
+
+def _warm_job(tmp_path, *overrides: str):
+    from flowgrpo.config import load_config
+    from flowgrpo.training.trainer import Trainer
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "calculator_agent.yaml"
+    return Trainer(load_config(example, [*WARM, f"run.output_dir={tmp_path / 'run'}", *overrides]))
+
+
+def _run_job(trainer, eval_n: int = 4) -> dict:
+    from flowgrpo.training.pipeline import _train_and_evaluate
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _train_and_evaluate(
+            trainer, trainer.cfg, time.monotonic(), eval_n=eval_n, untrained_n=0, report=False
+        )
+    finally:  # after a stop the trainer leaves "exit at once" handlers for the process's wind-down
+        for s, h in handlers.items():
+            signal.signal(s, h)
+
+
+def test_a_signal_during_the_warm_start_stops_the_job_without_a_checkpoint(tmp_path, monkeypatch, caplog):
+    """The supervised epochs stop between batches: the job ends as interrupted (exit 0) and
+    saves nothing, so the same command starts the warm start again."""
+    from flowgrpo.training import sft
+
+    real = sft.action_logprobs
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    t = _warm_job(tmp_path)
+    monkeypatch.setattr(sft, "action_logprobs", signalled)
+    out = _run_job(t)
+    assert out["train"]["status"] == "interrupted" and out["warm"] is None and t.step == 0
+    assert not t.counters["sft_done"]
+    assert "signal 15: the warm start was cut short; nothing is saved" in caplog.text
+    assert not (t.out / "checkpoints").is_dir() or not any((t.out / "checkpoints").glob("step_*"))
+
+
+def test_a_signal_during_the_warm_evaluation_keeps_the_warm_start_and_resume_evaluates_it(
+    tmp_path, monkeypatch, caplog
+):
+    """The step-0 checkpoint is written before the warm start's evaluation: a stop there loses
+    only the evaluation, and the resumed job runs it (without a second warm start) before RL."""
+    from flowgrpo.runs.rundir import RunDir
+    from flowgrpo.training import trainer as trainer_module
+
+    real = trainer_module.evaluate
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    t = _warm_job(tmp_path)
+    monkeypatch.setattr(trainer_module, "evaluate", signalled)
+    out = _run_job(t)
+    assert out["train"]["status"] == "interrupted" and out["warm"] is None and t.step == 0
+    assert "the warm start's evaluation was cut short and is not recorded" in caplog.text
+    assert "run.resume=true" in caplog.text
+    assert RunDir(t.out).find_eval("warm") is None and RunDir(t.out).latest_checkpoint() is not None
+    del t
+
+    monkeypatch.setattr(trainer_module, "evaluate", real)
+    resumed = _warm_job(tmp_path, "run.resume=true")
+    assert resumed.step == 0 and resumed.counters["sft_done"]
+    monkeypatch.setattr(resumed, "warm_start", lambda: pytest.fail("the warm start ran twice"))
+    out = _run_job(resumed)
+    assert out["train"]["status"] == "finished" and resumed.step == 1
+    assert out["warm"] is not None and out["warm"].n == 4 and out["after"] is not None
+    assert RunDir(resumed.out).find_eval("warm") is not None

@@ -84,6 +84,14 @@ def checkpoint_dir(root: str | os.PathLike, step: int) -> Path:
     return Path(root) / f"step_{step:06d}"
 
 
+def checkpoint_step(path: str | os.PathLike) -> int:
+    """The step a checkpoint directory holds, read from its name (:func:`checkpoint_dir`)."""
+    name = Path(path).name
+    if not name.startswith("step_") or not name[5:].isdigit():
+        raise ValueError(f"{path}: not a checkpoint directory (expected RUN/checkpoints/step_NNNNNN)")
+    return int(name[5:])
+
+
 # ---------------------------------------------------------------------------------------------
 # The policy's tensors
 
@@ -335,6 +343,7 @@ __all__ = [
     "ReferencePointer",
     "checkpoint_dir",
     "checkpoint_state_file",
+    "checkpoint_step",
     "latest_checkpoint",
     "list_checkpoints",
     "load_checkpoint",

@@ -66,15 +66,17 @@ def _train_and_evaluate(
         before = trainer.evaluate("test", untrained_n, label="untrained", record=True)
         print(before.summary(), flush=True)
     warm = run.find_eval("warm")
-    if cfg.sft.enabled and trainer.step == 0 and not trainer.counters["sft_done"]:
-        print(f"warm start: supervised epochs on {cfg.sft.tasks} oracle demonstrations ...", flush=True)
-        trainer.warm_start()
-        trainer.save()  # a crash during RL resumes after the warm start, not before it
-        if eval_n:
-            # Separates what the warm start taught from what Flow-GRPO adds afterwards.
-            print(f"evaluating the warm-started policy on {eval_n} held-out tasks (greedy) ...", flush=True)
-            warm = trainer.evaluate("test", eval_n, label="warm", record=True)
-            print(warm.summary(), flush=True)
+    if cfg.sft.enabled and trainer.step == 0:
+        warm, stopped = _warm_start(trainer, cfg, eval_n, warm)
+        if stopped:
+            return {
+                "untrained": before,
+                "warm": warm,
+                "after": None,
+                "comparisons": {},
+                "train": {"status": "interrupted", "step": 0},
+                "wall_s": time.monotonic() - t0,
+            }
     result = trainer.train(eval_last_step=not eval_n)
     after = None
     if eval_n:
@@ -111,6 +113,48 @@ def _train_and_evaluate(
         "train": result,
         "wall_s": wall,
     }
+
+
+def _warm_start(
+    trainer: Any, cfg: TrainConfig, eval_n: int | None, warm: EvalResult | None
+) -> tuple[EvalResult | None, bool]:
+    """The supervised warm start, its step-0 checkpoint and its held-out evaluation, in the
+    trainer's stop-on-signals block; returns the warm evaluation and whether a signal stopped the
+    job. A stop during the supervised epochs loses them (nothing is saved; the same command starts
+    again). The checkpoint is written before the evaluation, so a stop there loses only the
+    evaluation, and ``run.resume=true`` runs it first: a run resumed at step 0 without one has it."""
+    with trainer.stop_on_signals():
+        try:
+            if not trainer.counters["sft_done"]:
+                print(
+                    f"warm start: supervised epochs on {cfg.sft.tasks} oracle demonstrations ...", flush=True
+                )
+                trainer.warm_start()
+                trainer.save()  # a crash during RL resumes after the warm start, not before it
+            if eval_n and warm is None:
+                # Separates what the warm start taught from what Flow-GRPO adds afterwards.
+                print(
+                    f"evaluating the warm-started policy on {eval_n} held-out tasks (greedy) ...", flush=True
+                )
+                warm = trainer.evaluate("test", eval_n, label="warm", record=True)
+                print(warm.summary(), flush=True)
+        except Interrupted:
+            if trainer.counters["sft_done"]:
+                log.warning(
+                    "signal %d: the warm start's evaluation was cut short and is not recorded; the "
+                    "warm start is saved (step 0), and `flowgrpo train CONFIG --set run.output_dir=%s "
+                    "--set run.resume=true` (the same overrides) evaluates it and goes on",
+                    trainer.stop_signal,
+                    trainer.out,
+                )
+            else:
+                log.warning(
+                    "signal %d: the warm start was cut short; nothing is saved, and the same command "
+                    "starts it again",
+                    trainer.stop_signal,
+                )
+            return warm, True
+    return warm, False
 
 
 def _final_evaluation(trainer: Any, n: int) -> EvalResult | None:

@@ -28,6 +28,7 @@ from flowgrpo.training.batching import Row, build_rows, micro_batches
 from flowgrpo.training.loss_scale import loss_scale_for
 from flowgrpo.training.optim import adamw
 from flowgrpo.types import Trajectory
+from flowgrpo.utils import interrupt
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,7 @@ def supervised_epochs(
         tot, ntok = 0.0, 0.0
         with _bar(parts, len(seqs), f"sft epoch {epoch + 1}/{epochs}", "traj") as bar:
             for k in range(0, len(seqs), batch_trajectories):
+                interrupt.check()  # a stop requested by a signal ends the epochs between batches
                 batch = [r for s in seqs[k : k + batch_trajectories] for r in by_seq[s]]
                 opt.zero_grad(set_to_none=True)
                 for mb in micro_batches(
