@@ -174,6 +174,16 @@ def _warm_job(tmp_path, *overrides: str):
     return Trainer(load_config(example, [*WARM, f"run.output_dir={tmp_path / 'run'}", *overrides]))
 
 
+def _after_a_sigterm(fn):
+    """``fn`` that first sends this process SIGTERM (the trainer's handler runs in the main thread)."""
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return fn(*args, **kwargs)
+
+    return signalled
+
+
 def _run_job(trainer, eval_n: int = 4) -> dict:
     from flowgrpo.training.pipeline import _train_and_evaluate
 
@@ -192,14 +202,8 @@ def test_a_signal_during_the_warm_start_stops_the_job_without_a_checkpoint(tmp_p
     saves nothing, so the same command starts the warm start again."""
     from flowgrpo.training import sft
 
-    real = sft.action_logprobs
-
-    def signalled(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGTERM)
-        return real(*args, **kwargs)
-
     t = _warm_job(tmp_path)
-    monkeypatch.setattr(sft, "action_logprobs", signalled)
+    monkeypatch.setattr(sft, "action_logprobs", _after_a_sigterm(sft.action_logprobs))
     out = _run_job(t)
     assert out["train"]["status"] == "interrupted" and out["warm"] is None and t.step == 0
     assert not t.counters["sft_done"]
@@ -216,13 +220,8 @@ def test_a_signal_during_the_warm_evaluation_keeps_the_warm_start_and_resume_eva
     from flowgrpo.training import trainer as trainer_module
 
     real = trainer_module.evaluate
-
-    def signalled(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGTERM)
-        return real(*args, **kwargs)
-
     t = _warm_job(tmp_path)
-    monkeypatch.setattr(trainer_module, "evaluate", signalled)
+    monkeypatch.setattr(trainer_module, "evaluate", _after_a_sigterm(real))
     out = _run_job(t)
     assert out["train"]["status"] == "interrupted" and out["warm"] is None and t.step == 0
     assert "the warm start's evaluation was cut short and is not recorded" in caplog.text
