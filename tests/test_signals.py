@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_demo_replay import EXAMPLE, SMALL
+
 # Long episodes (4 tasks x 8 episodes x 3 turns x up to 400 tokens) so a signal lands mid-rollout.
 SETTINGS = [
     "model.name=tiny",
@@ -88,6 +90,16 @@ def test_a_second_signal_exits_at_once_without_a_trace(tmp_path):
     assert "second signal 15: exiting without a checkpoint" in err
 
 
+def _after_a_sigterm(fn):
+    """``fn`` that first sends this process SIGTERM (the trainer's handler runs in the main thread)."""
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return fn(*args, **kwargs)
+
+    return signalled
+
+
 def test_a_signal_during_a_periodic_evaluation_records_no_cut_short_result(tmp_path, monkeypatch, caplog):
     """The evaluation that a stop cuts short is not the policy's accuracy: nothing is recorded at
     that step, so the caller's own evaluation after the stop (``flowgrpo train``'s final one) runs
@@ -97,13 +109,8 @@ def test_a_signal_during_a_periodic_evaluation_records_no_cut_short_result(tmp_p
     from tests.test_trainer import make_trainer
 
     real = trainer_module.evaluate
-
-    def signalled(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGTERM)  # the trainer's handler runs here, in the main thread
-        return real(*args, **kwargs)
-
     t = make_trainer(tmp_path, "train.steps=3", "run.eval_every=1", "run.eval_n=4", "run.save_every=0")
-    monkeypatch.setattr(trainer_module, "evaluate", signalled)
+    monkeypatch.setattr(trainer_module, "evaluate", _after_a_sigterm(real))
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         result = t.train()
@@ -128,15 +135,9 @@ def test_a_signal_during_the_final_evaluation_loses_only_that_evaluation(tmp_pat
     from flowgrpo.training import trainer as trainer_module
     from tests.test_trainer import make_trainer
 
-    real = trainer_module.evaluate
-
-    def signalled(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGTERM)
-        return real(*args, **kwargs)
-
     t = make_trainer(tmp_path, "train.steps=2", "run.save_every=0")
     t.train(until_step=1)  # a first piece of the run, as a resumed job would have done
-    monkeypatch.setattr(trainer_module, "evaluate", signalled)
+    monkeypatch.setattr(trainer_module, "evaluate", _after_a_sigterm(trainer_module.evaluate))
     out = _run_job(t)
     assert out["train"]["status"] == "interrupted" and out["after"] is None and t.step == 2
     assert "the final evaluation was cut short and is not recorded" in caplog.text
@@ -145,43 +146,16 @@ def test_a_signal_during_the_final_evaluation_loses_only_that_evaluation(tmp_pat
     assert (t.out / "checkpoints" / "step_000002").is_dir()
 
 
-# The calculator agent on the tiny model, with a short warm start: the warm phase of the main job.
-WARM = [
-    "model.name=tiny",
-    "model.device=cpu",
-    "model.autocast=null",
-    "train.steps=1",
-    "train.tasks_per_step=2",
-    "train.group_size=2",
-    "rollout.max_turns=2",
-    "rollout.max_new_tokens=16",
-    "sft.enabled=true",
-    "sft.tasks=4",
-    "sft.epochs=1",
-    "sft.batch_trajectories=1",
-    "sft.replay_coef=0",
-    "run.progress=false",
-    "run.eval_every=0",
-    "run.save_every=0",
-]
+# The replay tests' tiny calculator run (a short warm start), one demonstration per supervised batch
+# so that a stop lands between batches, and no replay.
+WARM = [*SMALL, "sft.batch_trajectories=1", "sft.replay_coef=0"]
 
 
 def _warm_job(tmp_path, *overrides: str):
     from flowgrpo.config import load_config
     from flowgrpo.training.trainer import Trainer
 
-    example = Path(__file__).resolve().parents[1] / "examples" / "calculator_agent.yaml"
-    return Trainer(load_config(example, [*WARM, f"run.output_dir={tmp_path / 'run'}", *overrides]))
-
-
-def _after_a_sigterm(fn):
-    """``fn`` that first sends this process SIGTERM (the trainer's handler runs in the main thread)."""
-
-    def signalled(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGTERM)
-        return fn(*args, **kwargs)
-
-    return signalled
+    return Trainer(load_config(EXAMPLE, [*WARM, f"run.output_dir={tmp_path / 'run'}", *overrides]))
 
 
 def _run_job(trainer, eval_n: int = 4) -> dict:
