@@ -4,6 +4,7 @@ complete step and exits 0; a second signal exits at once, without an abort trace
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -100,6 +101,18 @@ def _after_a_sigterm(fn):
     return signalled
 
 
+@contextlib.contextmanager
+def _handlers_restored():
+    """After a stop the trainer leaves "exit at once" handlers for the process's wind-down; a test
+    puts pytest's back."""
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+
+
 def test_a_signal_during_a_periodic_evaluation_records_no_cut_short_result(tmp_path, monkeypatch, caplog):
     """The evaluation that a stop cuts short is not the policy's accuracy: nothing is recorded at
     that step, so the caller's own evaluation after the stop (``flowgrpo train``'s final one) runs
@@ -111,12 +124,8 @@ def test_a_signal_during_a_periodic_evaluation_records_no_cut_short_result(tmp_p
     real = trainer_module.evaluate
     t = make_trainer(tmp_path, "train.steps=3", "run.eval_every=1", "run.eval_n=4", "run.save_every=0")
     monkeypatch.setattr(trainer_module, "evaluate", _after_a_sigterm(real))
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with _handlers_restored():
         result = t.train()
-    finally:  # after a stop the trainer leaves "exit at once" handlers for the process's wind-down
-        for s, h in handlers.items():
-            signal.signal(s, h)
     assert result["status"] == "interrupted" and t.step == 1
     assert "the evaluation at step 1 was cut short and is not recorded" in caplog.text
     assert RunDir(t.out).find_eval("step1") is None
@@ -161,14 +170,10 @@ def _warm_job(tmp_path, *overrides: str):
 def _run_job(trainer, eval_n: int = 4) -> dict:
     from flowgrpo.training.pipeline import _train_and_evaluate
 
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with _handlers_restored():
         return _train_and_evaluate(
             trainer, trainer.cfg, time.monotonic(), eval_n=eval_n, untrained_n=0, report=False
         )
-    finally:  # after a stop the trainer leaves "exit at once" handlers for the process's wind-down
-        for s, h in handlers.items():
-            signal.signal(s, h)
 
 
 def test_a_signal_during_the_warm_start_stops_the_job_without_a_checkpoint(tmp_path, monkeypatch, caplog):
@@ -211,3 +216,19 @@ def test_a_signal_during_the_warm_evaluation_keeps_the_warm_start_and_resume_eva
     assert out["train"]["status"] == "finished" and resumed.step == 1
     assert out["warm"] is not None and out["warm"].n == 4 and out["after"] is not None
     assert RunDir(resumed.out).find_eval("warm") is not None
+
+
+def test_a_signal_while_the_replay_is_built_stops_before_the_first_step(tmp_path, monkeypatch, caplog):
+    """``sft.replay_coef`` regenerates the warm start's demonstrations before RL starts: a signal
+    then no longer takes the default action (the process killed) but stops the run cleanly, with
+    the step it stands at checkpointed."""
+    from flowgrpo.training import trainer as trainer_module
+
+    t = _warm_job(tmp_path, "sft.replay_coef=0.3", "sft.replay_trajectories=2")
+    t.warm_start()
+    monkeypatch.setattr(trainer_module, "build_replay", _after_a_sigterm(trainer_module.build_replay))
+    with _handlers_restored():
+        result = t.train()
+    assert result["status"] == "interrupted" and t.step == 0
+    assert "signal 15: step 1 discarded mid-rollout" in caplog.text
+    assert (t.out / "checkpoints" / "step_000000").is_dir()

@@ -284,27 +284,27 @@ class Trainer:
         target = min(until_step or cfg.train.steps, cfg.train.steps)
         if cfg.sft.enabled and self.step == 0 and not self.counters["sft_done"]:
             self.warm_start()
-        if cfg.sft.replay_coef and self.replay is None and self.step < target:
-            self.replay = build_replay(self.parts)  # the warm start's demonstrations, regenerated
-        distributed.broadcast_parameters(self.model, self.dist)  # every rank starts from rank 0's
-        if self.sharded is not None:
-            self.sharded.load_from(self.model)
-        last: dict[str, Any] = {}
-        status = "finished"
-        bar = tqdm(
-            total=target, initial=self.step, disable=not cfg.run.progress, desc="flowgrpo", unit="step"
-        )
-        if cfg.train.async_staleness and self.step < target:
-            if self.replica is not None:  # the policy as it is now: warm-started, resumed
-                self.replica.sync_weights(self.model, version=self.step)
-            self.producer = AsyncRollout(
-                self.collect,
-                staleness=cfg.train.async_staleness,
-                first_step=self.step,
-                last_step=target,
-                before_batch=self.replica.refresh if self.replica is not None else None,
-            )
         with self.stop_on_signals():
+            if cfg.sft.replay_coef and self.replay is None and self.step < target:
+                self.replay = build_replay(self.parts)  # the warm start's demonstrations, regenerated
+            distributed.broadcast_parameters(self.model, self.dist)  # every rank starts from rank 0's
+            if self.sharded is not None:
+                self.sharded.load_from(self.model)
+            last: dict[str, Any] = {}
+            status = "finished"
+            bar = tqdm(
+                total=target, initial=self.step, disable=not cfg.run.progress, desc="flowgrpo", unit="step"
+            )
+            if cfg.train.async_staleness and self.step < target:
+                if self.replica is not None:  # the policy as it is now: warm-started, resumed
+                    self.replica.sync_weights(self.model, version=self.step)
+                self.producer = AsyncRollout(
+                    self.collect,
+                    staleness=cfg.train.async_staleness,
+                    first_step=self.step,
+                    last_step=target,
+                    before_batch=self.replica.refresh if self.replica is not None else None,
+                )
             while self.step < target:
                 stream_before = self.stream.state_dict() if self.producer is None else None
                 try:
