@@ -1,4 +1,5 @@
 import os
+import signal
 
 import pytest
 
@@ -38,3 +39,13 @@ def _cpu_unless_gpu_test(request, monkeypatch):
         from flowgrpo.modeling import hardware
 
         monkeypatch.setattr(hardware, "cuda_available", lambda: False)
+
+
+@pytest.fixture
+def signal_handlers_restored():
+    """After a stop the trainer leaves "exit at once" SIGINT/SIGTERM handlers for the process's
+    wind-down; a test that stops a trainer in-process puts pytest's handlers back."""
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for s, h in handlers.items():
+        signal.signal(s, h)

@@ -4,7 +4,6 @@ complete step and exits 0; a second signal exits at once, without an abort trace
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -15,6 +14,10 @@ from pathlib import Path
 import pytest
 
 from tests.test_demo_replay import EXAMPLE, SMALL
+
+# A stop leaves the trainer's "exit at once" handlers for the process's wind-down; each test here
+# gets pytest's back.
+pytestmark = pytest.mark.usefixtures("signal_handlers_restored")
 
 # Long episodes (4 tasks x 8 episodes x 3 turns x up to 400 tokens) so a signal lands mid-rollout.
 SETTINGS = [
@@ -101,18 +104,6 @@ def _after_a_sigterm(fn):
     return signalled
 
 
-@contextlib.contextmanager
-def _handlers_restored():
-    """After a stop the trainer leaves "exit at once" handlers for the process's wind-down; a test
-    puts pytest's back."""
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in handlers.items():
-            signal.signal(s, h)
-
-
 def test_a_signal_during_a_periodic_evaluation_records_no_cut_short_result(tmp_path, monkeypatch, caplog):
     """The evaluation that a stop cuts short is not the policy's accuracy: nothing is recorded at
     that step, so the caller's own evaluation after the stop (``flowgrpo train``'s final one) runs
@@ -124,8 +115,7 @@ def test_a_signal_during_a_periodic_evaluation_records_no_cut_short_result(tmp_p
     real = trainer_module.evaluate
     t = make_trainer(tmp_path, "train.steps=3", "run.eval_every=1", "run.eval_n=4", "run.save_every=0")
     monkeypatch.setattr(trainer_module, "evaluate", _after_a_sigterm(real))
-    with _handlers_restored():
-        result = t.train()
+    result = t.train()
     assert result["status"] == "interrupted" and t.step == 1
     assert "the evaluation at step 1 was cut short and is not recorded" in caplog.text
     assert RunDir(t.out).find_eval("step1") is None
@@ -170,10 +160,9 @@ def _warm_job(tmp_path, *overrides: str):
 def _run_job(trainer, eval_n: int = 4) -> dict:
     from flowgrpo.training.pipeline import _train_and_evaluate
 
-    with _handlers_restored():
-        return _train_and_evaluate(
-            trainer, trainer.cfg, time.monotonic(), eval_n=eval_n, untrained_n=0, report=False
-        )
+    return _train_and_evaluate(
+        trainer, trainer.cfg, time.monotonic(), eval_n=eval_n, untrained_n=0, report=False
+    )
 
 
 def test_a_signal_during_the_warm_start_stops_the_job_without_a_checkpoint(tmp_path, monkeypatch, caplog):
@@ -227,8 +216,7 @@ def test_a_signal_while_the_replay_is_built_stops_before_the_first_step(tmp_path
     t = _warm_job(tmp_path, "sft.replay_coef=0.3", "sft.replay_trajectories=2")
     t.warm_start()
     monkeypatch.setattr(trainer_module, "build_replay", _after_a_sigterm(trainer_module.build_replay))
-    with _handlers_restored():
-        result = t.train()
+    result = t.train()
     assert result["status"] == "interrupted" and t.step == 0
     assert "signal 15: step 1 discarded mid-rollout" in caplog.text
     assert (t.out / "checkpoints" / "step_000000").is_dir()

@@ -149,9 +149,7 @@ def test_kill_and_resume_gives_identical_parameters(tmp_path):
     )
 
 
-def test_sigterm_checkpoints_then_resume_is_exact(tmp_path):
-    from tests.test_signals import _handlers_restored
-
+def test_sigterm_checkpoints_then_resume_is_exact(tmp_path, signal_handlers_restored):
     common = (EXACT, "train.steps=2", "run.save_every=0")
     straight = make_trainer(tmp_path, *common, name="straight")
     straight.train()
@@ -164,8 +162,7 @@ def test_sigterm_checkpoints_then_resume_is_exact(tmp_path):
         return m
 
     victim.train_step = step_then_signal
-    with _handlers_restored():
-        out = victim.train()
+    out = victim.train()
     assert out["status"] == "interrupted" and victim.step == 1
     assert (tmp_path / "killed" / "checkpoints" / "step_000001" / "state.pt").is_file()
     resumed = make_trainer(tmp_path, *common, "run.resume=true", name="killed")
