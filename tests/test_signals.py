@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_demo_replay import EXAMPLE, SMALL
+from tests.toy import CALCULATOR, SMALL, make_trainer
 
 # A stop leaves the trainer's "exit at once" handlers for the process's wind-down; each test here
 # gets pytest's back.
@@ -110,7 +110,6 @@ def test_a_signal_during_a_periodic_evaluation_records_no_cut_short_result(tmp_p
     on the checkpointed policy with the stop cleared."""
     from flowgrpo.runs.rundir import RunDir
     from flowgrpo.training import trainer as trainer_module
-    from tests.test_trainer import make_trainer
 
     real = trainer_module.evaluate
     t = make_trainer(tmp_path, "train.steps=3", "run.eval_every=1", "run.eval_n=4", "run.save_every=0")
@@ -132,7 +131,6 @@ def test_a_signal_during_the_final_evaluation_loses_only_that_evaluation(tmp_pat
     signal there no longer kills the process with the default action."""
     from flowgrpo.runs.rundir import RunDir
     from flowgrpo.training import trainer as trainer_module
-    from tests.test_trainer import make_trainer
 
     t = make_trainer(tmp_path, "train.steps=2", "run.save_every=0")
     t.train(until_step=1)  # a first piece of the run, as a resumed job would have done
@@ -154,7 +152,7 @@ def _warm_job(tmp_path, *overrides: str):
     from flowgrpo.config import load_config
     from flowgrpo.training.trainer import Trainer
 
-    return Trainer(load_config(EXAMPLE, [*WARM, f"run.output_dir={tmp_path / 'run'}", *overrides]))
+    return Trainer(load_config(CALCULATOR, [*WARM, f"run.output_dir={tmp_path / 'run'}", *overrides]))
 
 
 def _run_job(trainer, eval_n: int = 4) -> dict:
@@ -177,6 +175,27 @@ def test_a_signal_during_the_warm_start_stops_the_job_without_a_checkpoint(tmp_p
     assert not t.counters["sft_done"]
     assert "signal 15: the warm start was cut short; nothing is saved" in caplog.text
     assert not (t.out / "checkpoints").is_dir() or not any((t.out / "checkpoints").glob("step_*"))
+
+
+def test_trainer_train_runs_a_pending_warm_start_under_its_signal_handlers(tmp_path, monkeypatch, caplog):
+    """A library caller's ``Trainer.train()`` runs the warm start itself: a signal during its
+    supervised epochs returns ``interrupted`` at step 0 (no default kill, nothing saved), and the
+    same call on a fresh trainer warm-starts, checkpoints step 0 and trains."""
+    from flowgrpo.runs.rundir import RunDir
+    from flowgrpo.training import sft
+
+    t = _warm_job(tmp_path)
+    real = sft.action_logprobs
+    monkeypatch.setattr(sft, "action_logprobs", _after_a_sigterm(real))
+    assert t.train() == {"status": "interrupted", "step": 0}
+    assert not t.counters["sft_done"] and RunDir(t.out).latest_checkpoint() is None
+    assert "signal 15: the warm start was cut short; nothing is saved" in caplog.text
+    del t
+
+    monkeypatch.setattr(sft, "action_logprobs", real)
+    t = _warm_job(tmp_path)
+    assert t.train()["status"] == "finished" and t.counters["sft_done"] and t.step == 1
+    assert [c.step for c in RunDir(t.out).checkpoints()] == [0, 1]  # step 0: the warm start
 
 
 def test_a_signal_during_the_warm_evaluation_keeps_the_warm_start_and_resume_evaluates_it(

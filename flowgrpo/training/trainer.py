@@ -270,7 +270,9 @@ class Trainer:
         steps (``eval_last_step=False`` skips it at the last step, for a caller that evaluates the
         final policy on more tasks). SIGINT/SIGTERM stop the rollout within one decode step (the
         step is discarded) or finish the current update, write a checkpoint of the last complete
-        step and return (``status: "interrupted"``); see :meth:`stop_on_signals`."""
+        step and return (``status: "interrupted"``); see :meth:`stop_on_signals`. A pending ``sft``
+        warm start runs first, in the same block: a signal during its supervised epochs returns
+        ``interrupted`` at step 0 with nothing saved; once it ends, step 0 is checkpointed."""
         from tqdm.auto import tqdm
 
         log.info(
@@ -282,9 +284,18 @@ class Trainer:
         )
         cfg = self.cfg
         target = min(until_step or cfg.train.steps, cfg.train.steps)
-        if cfg.sft.enabled and self.step == 0 and not self.counters["sft_done"]:
-            self.warm_start()
         with self.stop_on_signals():
+            if cfg.sft.enabled and self.step == 0 and not self.counters["sft_done"]:
+                try:
+                    self.warm_start()
+                except interrupt.Interrupted:  # between supervised batches: nothing to keep
+                    log.warning(
+                        "signal %d: the warm start was cut short; nothing is saved, and the same call "
+                        "starts it again",
+                        self._stop_signal,
+                    )
+                    return {"status": "interrupted", "step": self.step}
+                self.save()  # a crash during RL resumes after the warm start, not before it
             if cfg.sft.replay_coef and self.replay is None and self.step < target:
                 self.replay = build_replay(self.parts)  # the warm start's demonstrations, regenerated
             distributed.broadcast_parameters(self.model, self.dist)  # every rank starts from rank 0's
