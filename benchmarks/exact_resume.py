@@ -1,4 +1,4 @@
-"""Is resume bit-exact at these settings? The test suite's tiny trainer (tests/test_trainer.py's
+"""Is resume bit-exact at these settings? The test suite's tiny trainer (tests/toy.py's
 ``make_trainer``) runs 3 RL steps straight through, and again as 1 step, a new process-level
 trainer resumed from its checkpoint, 2 more steps; prints whether the final parameters match.
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from test_trainer import make_trainer, params
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.toy import make_trainer, params
 
 
 def main(threads: int, scheduling: str) -> None:

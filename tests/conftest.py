@@ -42,6 +42,18 @@ def _cpu_unless_gpu_test(request, monkeypatch):
 
 
 @pytest.fixture
+def one_thread():
+    """Tiny matmuls under OpenMP on a shared, loaded 2-core machine spin for ~10x longer than they
+    compute; one thread keeps the toy trainer's tests (tests/toy.py) at ~0.3 s per RL step."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
 def signal_handlers_restored():
     """After a stop the trainer leaves "exit at once" SIGINT/SIGTERM handlers for the process's
     wind-down; a test that stops a trainer in-process puts pytest's handlers back."""

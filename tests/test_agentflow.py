@@ -29,13 +29,7 @@ from flowgrpo.runs.report import trajectory_html
 from flowgrpo.training.batching import build_rows
 from flowgrpo.types import Termination, Trajectory, TrajectoryGroup
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_parse_plan_and_verdict():

@@ -27,7 +27,7 @@ def test_loss_choices_and_dual_clip_rule():
 
 @pytest.fixture
 def trainer(tmp_path):
-    from test_trainer import make_trainer
+    from tests.toy import make_trainer
 
     def make(*overrides: str):
         return make_trainer(tmp_path, "train.steps=1", "run.save_every=0", *overrides)

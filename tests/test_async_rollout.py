@@ -8,7 +8,6 @@ import threading
 
 import pytest
 import torch
-from test_trainer import EXACT, make_trainer, params
 
 from flowgrpo.config import ConfigError, load_config
 from flowgrpo.modeling.models import tiny_model
@@ -17,14 +16,9 @@ from flowgrpo.rollout.backends.hf import HFBackend
 from flowgrpo.runs.rundir import RunDir
 from flowgrpo.training.async_rollout import AsyncRollout, ReplicaBackend, RolloutBatch, staleness_stats
 from flowgrpo.types import Task, Trajectory, TrajectoryGroup
+from tests.toy import EXACT, make_trainer, params
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_async_needs_the_importance_sampling_correction():

@@ -4,11 +4,11 @@ templates that ignore ``tools=``, the tool-role fallback, and the prefix-preserv
 from __future__ import annotations
 
 import pytest
-from pydantic import BaseModel
 
 from flowgrpo.chat.format import ChatFormat, ChatTemplateError
 from flowgrpo.modeling.models import tiny_tokenizer
 from flowgrpo.types import Message
+from tests.stand_ins import StubCalculator, StubParser
 
 # SmolLM2-135M-Instruct's template (copied from the model): default system prompt, no tools.
 SMOLLM2_TEMPLATE = (
@@ -34,28 +34,6 @@ DROPS_OLD_CONTENT = (
 )
 
 
-class _Args(BaseModel):
-    expression: str
-
-
-class _Calc:
-    name = "calculator"
-    description = "Evaluate an arithmetic expression."
-    args_schema = _Args
-    timeout_s = 1.0
-
-    async def run(self, args):
-        return "0"
-
-
-class _Parser:
-    def parse(self, text):
-        raise NotImplementedError
-
-    def format_instructions(self, tools):
-        return "TOOLS: " + ",".join(t.name for t in tools)
-
-
 def _tok(template=None):
     tok = tiny_tokenizer()
     if template is not None:
@@ -68,7 +46,7 @@ def _opening(chat):
 
 
 def test_smollm2_template_gets_the_tool_prompt_fallback_and_no_default_system_prompt():
-    chat = ChatFormat(_tok(SMOLLM2_TEMPLATE), tools=[_Calc()], parser=_Parser())
+    chat = ChatFormat(_tok(SMOLLM2_TEMPLATE), tools=[StubCalculator()], parser=StubParser())
     assert not chat.native_tools and chat.tool_role
     text = chat.decode(chat.initial_ids(_opening(chat)))
     assert text == (
@@ -85,11 +63,11 @@ def test_no_tools_keeps_the_system_prompt_as_is():
 
 def test_fallback_without_format_instructions_is_a_clear_error():
     with pytest.raises(ChatTemplateError, match="format_instructions"):
-        ChatFormat(_tok(SMOLLM2_TEMPLATE), tools=[_Calc()], parser=None)
+        ChatFormat(_tok(SMOLLM2_TEMPLATE), tools=[StubCalculator()], parser=None)
 
 
 def test_native_tool_template_and_user_wrapped_observations():
-    chat = ChatFormat(_tok(TOOLS_NO_TOOL_ROLE), tools=[_Calc()], parser=_Parser())
+    chat = ChatFormat(_tok(TOOLS_NO_TOOL_ROLE), tools=[StubCalculator()], parser=StubParser())
     assert chat.native_tools and not chat.tool_role
     opening = _opening(chat)
     assert opening[0].content == "Be brief."  # tools come from the template, not the fallback
@@ -108,7 +86,7 @@ def test_native_tool_template_and_user_wrapped_observations():
 
 def test_delta_boundary_after_eos_and_after_a_length_cut():
     tok = _tok()
-    chat = ChatFormat(tok, tools=[_Calc()], parser=_Parser())
+    chat = ChatFormat(tok, tools=[StubCalculator()], parser=StubParser())
     opening = _opening(chat)
     obs = [Message(role="tool", content="5", tool_call_id="c", name="calculator")]
     action = chat.encode("call it")

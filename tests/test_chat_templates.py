@@ -18,7 +18,7 @@ import pytest
 from flowgrpo.chat.format import ChatFormat, ChatTemplateError
 from flowgrpo.modeling.models import tiny_tokenizer
 from flowgrpo.types import Message
-from tests.test_chat import _Calc, _Parser
+from tests.stand_ins import StubCalculator, StubParser
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -35,8 +35,8 @@ def chat_format(name: str, family: tuple[list[str], str]) -> ChatFormat:
     tok.chat_template = (TEMPLATES / name).read_text()
     return ChatFormat(
         tok,
-        tools=[_Calc()],
-        parser=_Parser(),
+        tools=[StubCalculator()],
+        parser=StubParser(),
         end_of_turn_ids=[tok.convert_tokens_to_ids(eot)],
         template_name=name,
     )
@@ -157,6 +157,6 @@ def test_a_break_at_a_later_turn_names_that_turn():
     )
     tok = tiny_tokenizer()
     tok.chat_template = template
-    chat = ChatFormat(tok, tools=[_Calc()], parser=_Parser(), template_name="drops-history")
+    chat = ChatFormat(tok, tools=[StubCalculator()], parser=StubParser(), template_name="drops-history")
     with pytest.raises(ChatTemplateError, match=r"'drops-history' is not prefix-preserving at turn 2 -> 3"):
         run_episode(chat, actions(False))

@@ -15,7 +15,9 @@ from flowgrpo.runs.checkpoint import (
     read_checkpoint,
     save_checkpoint,
 )
-from tests.test_trainer import EXACT, make_trainer, one_thread, params  # noqa: F401  (autouse fixture)
+from tests.toy import EXACT, make_trainer, params
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_tied_weights_are_stored_once_and_load_back_exactly(tmp_path):

@@ -10,7 +10,6 @@ import math
 
 import pytest
 import torch
-from test_trainer import FirstTokenEnv, first_token_reward
 
 from flowgrpo.components import Components, build
 from flowgrpo.config import ConfigError, load_config
@@ -25,6 +24,7 @@ from flowgrpo.rollout.backends.vllm import VLLMUnavailableError
 from flowgrpo.runs.rundir import RunDir
 from flowgrpo.training.pipeline import evaluate_run
 from flowgrpo.training.trainer import Trainer
+from tests.toy import FirstTokenEnv, first_token_reward
 
 
 def reward() -> CompositeReward:

@@ -18,7 +18,9 @@ from flowgrpo.config import ConfigError, load_config
 from flowgrpo.env import register
 from flowgrpo.runs.rundir import RunDir
 from flowgrpo.types import Task, Trajectory, TrajectoryGroup
-from tests.test_trainer import EXACT, FirstTokenEnv, make_trainer, one_thread, params  # noqa: F401
+from tests.toy import EXACT, FirstTokenEnv, make_trainer, params
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class LevelEnv(FirstTokenEnv):

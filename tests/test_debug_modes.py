@@ -11,15 +11,9 @@ from flowgrpo.modeling.models import tiny_model, tiny_tokenizer
 from flowgrpo.rewards import CompositeReward, RewardSpec
 from flowgrpo.runs.rundir import RunDir, RunError
 from flowgrpo.training.debug import groups_of, rollout_only, update_only
-from tests.test_trainer import EXACT, FirstTokenEnv, first_token_reward, make_trainer, params
+from tests.toy import EXACT, FirstTokenEnv, first_token_reward, make_trainer, params
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def pieces() -> dict:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,8 +17,7 @@ from flowgrpo.training.batching import micro_batches
 from flowgrpo.training.demo_replay import DemoReplay
 from flowgrpo.training.trainer import Trainer
 from flowgrpo.types import Message, Trajectory, Turn
-
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "calculator_agent.yaml"
+from tests.toy import CALCULATOR, SMALL
 
 
 def demo(i: int, n_actions: int) -> Trajectory:
@@ -67,37 +65,9 @@ def test_the_gradient_is_coef_times_the_mean_nll_in_any_number_of_micro_batches(
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-7)
 
 
-SMALL = [
-    "model.name=tiny",
-    "model.device=cpu",
-    "model.autocast=null",
-    "train.steps=1",
-    "train.tasks_per_step=2",
-    "train.group_size=2",
-    "train.drop_zero_variance_groups=false",
-    "train.resample_rounds=0",
-    "rollout.max_turns=2",
-    "rollout.max_new_tokens=16",
-    "sft.enabled=true",
-    "sft.tasks=4",
-    "sft.epochs=1",
-    "run.progress=false",
-    "run.eval_every=0",
-    "run.save_every=0",
-]
-
-
-@pytest.fixture
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def test_the_trainer_replays_the_warm_starts_demonstrations_in_every_update(tmp_path, one_thread):
     cfg = load_config(
-        EXAMPLE,
+        CALCULATOR,
         [*SMALL, f"run.output_dir={tmp_path / 'run'}", "sft.replay_coef=0.5", "sft.replay_trajectories=3"],
     )
     tr = Trainer(cfg)
@@ -109,4 +79,4 @@ def test_the_trainer_replays_the_warm_starts_demonstrations_in_every_update(tmp_
 
 def test_replay_needs_the_warm_starts_demonstrations():
     with pytest.raises(ConfigError, match=r"sft\.enabled=true"):
-        load_config(EXAMPLE, ["sft.enabled=false", "sft.replay_coef=0.1"])
+        load_config(CALCULATOR, ["sft.enabled=false", "sft.replay_coef=0.1"])

@@ -20,7 +20,9 @@ from flowgrpo.rewards.base import _REWARDS, register_reward
 from flowgrpo.training import batching, sft, trainer, value
 from flowgrpo.training.batching import Row, collate, micro_batches
 from tests.device_check import inputs_on_model_device, trainer_models
-from tests.test_trainer import FirstTokenEnv, make_trainer, one_thread  # noqa: F401  (autouse fixture)
+from tests.toy import make_trainer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 META = torch.device("meta")
 

@@ -8,7 +8,9 @@ import torch
 
 from flowgrpo.cli import main
 from flowgrpo.runs.export import export_checkpoint, load_served_policy
-from tests.test_trainer import make_trainer, one_thread  # noqa: F401  (autouse fixture)
+from tests.toy import make_trainer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def logprobs(model, ids: list[int]) -> torch.Tensor:

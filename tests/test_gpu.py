@@ -134,13 +134,13 @@ def test_warm_start_on_cuda(tmp_path):
 def test_verifier_and_reward_model_on_the_policys_gpu(tmp_path):
     """Rewards that load their own model default to the policy's device."""
     from flowgrpo.modeling.models import tiny_model, tiny_tokenizer
-    from tests.test_reward_model import _save
+    from tests.stand_ins import save_reward_model
 
     verifier_dir = tmp_path / "verifier"
     model, tok = tiny_model(tiny_tokenizer())
     model.save_pretrained(verifier_dir)
     tok.save_pretrained(verifier_dir)
-    rm_dir, _, _ = _save(tmp_path, 1, "rm")
+    rm_dir, _, _ = save_reward_model(tmp_path, 1, "rm")
     rewards = (
         "rewards=[{name: accuracy}, "
         f"{{name: verifier, weight: 0.1, kwargs: {{hf_model: {verifier_dir}}}}}, "

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from flowgrpo.rewards import CompositeReward, RewardSpec
 from flowgrpo.training.idle import IdleWatch, likely_causes
-from tests.test_trainer import make_trainer, one_thread  # noqa: F401  (autouse fixture)
+from tests.toy import make_trainer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_likely_causes_read_the_steps_metrics():

@@ -25,7 +25,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from flowgrpo.config import load_config
 from flowgrpo.env import BaseEnvironment, StepResult
@@ -83,12 +82,7 @@ def two_turn_reward(traj, task) -> float:
     return sum(hits) / len(hits)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class CoinReward:

@@ -5,24 +5,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_trainer import EXACT, make_trainer, params
 
 from flowgrpo.modeling.logprobs import action_logprobs
 from flowgrpo.modeling.lora import LoraSpec, apply_lora, is_lora, merged_model, reference_mode
 from flowgrpo.modeling.models import tiny_model
 from flowgrpo.runs.checkpoint import POLICY_FILE, CheckpointError, load_policy_state, policy_state_dict
+from tests.toy import EXACT, make_trainer, params
 
 pytest.importorskip("peft")
 
 LORA = "model.lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj, up_proj]}"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def base_and_adapters(model) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:

@@ -11,7 +11,9 @@ import torch
 from flowgrpo.runs.checkpoint import read_checkpoint, resume_candidates
 from flowgrpo.runs.rundir import RunDir
 from flowgrpo.training.loss_scale import INIT_SCALE, DynamicLossScale, loss_scale_for
-from tests.test_trainer import make_trainer, one_thread, params  # noqa: F401  (autouse fixture)
+from tests.toy import make_trainer, params
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_the_scale_halves_on_an_overflow_and_doubles_after_the_growth_interval():

@@ -186,8 +186,7 @@ def _task_reward(traj, task) -> float:
 
 
 @pytest.mark.parametrize("layout", ["separate", "shared"])
-def test_tiny_ppo_run_value_loss_falls(tmp_path, layout):
-    torch.set_num_threads(1)
+def test_tiny_ppo_run_value_loss_falls(tmp_path, layout, one_thread):
     model, tok = tiny_model(seed=0)
     cfg = load_config(
         None,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
 from flowgrpo.algorithms.advantages import compute_advantages
 from flowgrpo.config import load_config
@@ -141,8 +140,7 @@ class _OneTurnEnv(BaseEnvironment):
         return [Task(id=f"{split}-{i}", prompt=f"task {i}") for i in range(4)]
 
 
-def test_a_run_with_a_crashing_reward_finishes_and_counts_the_failures(tmp_path):
-    torch.set_num_threads(1)
+def test_a_run_with_a_crashing_reward_finishes_and_counts_the_failures(tmp_path, one_thread):
     model, tok = tiny_model(seed=0)
 
     def crashy(traj, task):  # a 5000-digit number on the first token's parity, else a score

@@ -6,36 +6,11 @@ import math
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForSequenceClassification
 
-from flowgrpo.modeling.models import tiny_tokenizer
 from flowgrpo.rewards import CompositeReward, RewardSpec, make_reward
 from flowgrpo.types import Message, Task, Trajectory, TrajectoryGroup, Turn
 from flowgrpo.utils.aio import run_sync
-
-
-def _save(tmp_path, num_labels: int, name: str):
-    tok = tiny_tokenizer()
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        num_labels=num_labels,
-        pad_token_id=tok.pad_token_id or 0,
-        id2label={i: f"class{i}" for i in range(num_labels)},
-        label2id={f"class{i}": i for i in range(num_labels)},
-    )
-    torch.manual_seed(0)
-    model = LlamaForSequenceClassification(cfg)
-    with torch.no_grad():
-        model.score.weight.normal_(0, 1.0)  # a visible spread of scores
-    path = tmp_path / name
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path, model, tok
+from tests.stand_ins import save_reward_model
 
 
 def _group(texts) -> TrajectoryGroup:
@@ -63,7 +38,7 @@ TEXTS = ["<answer>4</answer>", "I think it is five, so <answer>5</answer>", "no 
 
 
 def test_scalar_head_batched_equals_one_by_one_and_is_cached(tmp_path):
-    path, model, tok = _save(tmp_path, 1, "scalar")
+    path, model, tok = save_reward_model(tmp_path, 1, "scalar")
     rm = make_reward("reward_model", path=str(path), batch_size=2)
     g = _group(TEXTS)
     scores = _score(rm, g)
@@ -83,7 +58,7 @@ def test_scalar_head_batched_equals_one_by_one_and_is_cached(tmp_path):
 
 
 def test_label_probability_and_normalisations(tmp_path):
-    path, _, _ = _save(tmp_path, 3, "three")
+    path, _, _ = save_reward_model(tmp_path, 3, "three")
     with pytest.raises(ValueError, match="pass label="):
         make_reward("reward_model", path=str(path))
     with pytest.raises(ValueError, match="unknown label"):
@@ -91,7 +66,7 @@ def test_label_probability_and_normalisations(tmp_path):
     probs = _score(make_reward("reward_model", path=str(path), label="class2"), _group(TEXTS))
     assert all(0 < p < 1 for p in probs)
     assert _score(make_reward("reward_model", path=str(path), label=2), _group(TEXTS)) == pytest.approx(probs)
-    raw = _score(make_reward("reward_model", path=str(_save(tmp_path, 1, "s")[0])), _group(TEXTS))
+    raw = _score(make_reward("reward_model", path=str(save_reward_model(tmp_path, 1, "s")[0])), _group(TEXTS))
     sig = _score(make_reward("reward_model", path=str(tmp_path / "s"), normalize="sigmoid"), _group(TEXTS))
     assert sig == pytest.approx([1 / (1 + math.exp(-r)) for r in raw])
     grp = _score(make_reward("reward_model", path=str(tmp_path / "s"), normalize="group"), _group(TEXTS))

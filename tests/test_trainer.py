@@ -10,92 +10,13 @@ import pytest
 import torch
 
 from flowgrpo.config import TrainConfig, load_config
-from flowgrpo.env import BaseEnvironment, StepResult
-from flowgrpo.modeling.models import tiny_model, tiny_tokenizer
 from flowgrpo.rewards import CompositeReward, RewardSpec
 from flowgrpo.runs.rundir import RunDir
 from flowgrpo.runs.store import read_trajectories
 from flowgrpo.training.sft import demonstrations, supervised_epochs
-from flowgrpo.training.trainer import Trainer
-from flowgrpo.types import Message, ParsedAction, Task
+from tests.toy import EXACT, make_trainer, params
 
-
-class PlainParser:
-    """Every text is a final answer; no tools."""
-
-    def parse(self, text: str) -> ParsedAction:
-        return ParsedAction(message=Message(role="assistant", content=text), answer=text)
-
-    def format_instructions(self, tools) -> str:
-        return ""
-
-
-class FirstTokenEnv(BaseEnvironment):
-    """Single turn: say anything. The reward (below) pays when the first sampled token is one of
-    a fixed quarter of the vocabulary, so it is learnable from the first token's logits alone."""
-
-    name = "first_token"
-    tools: list = []
-    parser = PlainParser()
-    system_prompt = "Say something."
-
-    async def reset(self, task: Task) -> list[Message]:
-        return [Message(role="system", content=self.system_prompt), Message(role="user", content=task.prompt)]
-
-    async def step(self, action: ParsedAction) -> StepResult:
-        return StepResult(terminated=True)
-
-    def tasks(self, split: str) -> list[Task]:
-        n = 8 if split == "train" else 4
-        return [Task(id=f"{split}-{i}", prompt=f"task {i}") for i in range(n)]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matmuls under OpenMP on a shared, loaded 2-core machine spin for ~10x longer than they
-    compute; one thread keeps these tests at ~0.3 s per RL step."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def first_token_reward(vocab: int):
-    def reward(traj, task) -> float:
-        ids = traj.turns[0].action_ids if traj.turns else []
-        return 1.0 if ids and ids[0] % 4 == 0 else 0.0
-
-    return reward
-
-
-def make_trainer(tmp_path, *overrides: str, name: str = "run", model_seed: int = 0) -> Trainer:
-    tok = tiny_tokenizer()
-    model, tok = tiny_model(tok, seed=model_seed)
-    cfg = load_config(
-        None,
-        [
-            f"run.output_dir={tmp_path / name}",
-            "run.progress=false",
-            "model.autocast=null",
-            "rollout.max_turns=1",
-            "rollout.max_new_tokens=2",
-            "rewards=[{name: first_token}]",
-            "train.tasks_per_step=4",
-            "train.group_size=6",
-            "train.lr=3e-2",
-            "train.micro_batch_tokens=256",
-            "algorithm.kl_coef=0.01",
-            *overrides,
-        ],
-    )
-    reward = CompositeReward(
-        [RewardSpec(name="first_token")], fns={"first_token": first_token_reward(len(tok))}
-    )
-    return Trainer(cfg, model=model, tokenizer=tok, env_factory=FirstTokenEnv, reward=reward)
-
-
-def params(model) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_reward_rises_on_the_toy_environment(tmp_path):
@@ -113,11 +34,6 @@ def test_reward_rises_on_the_toy_environment(tmp_path):
     ev = tr.evaluate(n=4)
     assert ev.n == 4 and 0.0 <= ev.accuracy <= 1.0 and ev.mean_turns == 1.0
     assert ev.ci95[0] <= ev.accuracy <= ev.ci95[1] and len(ev.per_task) == 4
-
-
-# Bit-exact reruns need batches that timing cannot change: lockstep scheduling (the default,
-# continuous batching, admits requests in arrival order).
-EXACT = "rollout.scheduling=lockstep"
 
 
 def test_kill_and_resume_gives_identical_parameters(tmp_path):

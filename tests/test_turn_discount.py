@@ -103,7 +103,7 @@ def test_config_validates_turn_discount():
 
 
 def test_trainer_keeps_equal_outcome_groups_whose_scores_differ(tmp_path):
-    from tests.test_trainer import make_trainer
+    from tests.toy import make_trainer
 
     g = TrajectoryGroup(
         task=Task(id="t", prompt="p"), trajectories=[traj(1.0, [0.5], 1), traj(1.0, [0.0], 2)]
