@@ -1,13 +1,59 @@
-"""Stand-ins the tests share: a calculator tool and a parser for the chat-format tests (nothing
-runs behind them), and a tiny random sequence classifier saved to disk as a reward model."""
+"""Stand-ins the tests share: a scripted policy backend (fixed text per assistant turn), a
+calculator tool and a parser for the chat-format tests (nothing runs behind them), and a tiny
+random sequence classifier saved to disk as a reward model."""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
 
 import torch
 from pydantic import BaseModel
 from transformers import LlamaConfig, LlamaForSequenceClassification
 
 from flowgrpo.modeling.models import tiny_tokenizer
+from flowgrpo.rollout.backends.base import BackendBase, GenerationResult, SamplingParams
+
+
+class ScriptedBackend(BackendBase):
+    """A scripted *policy*: the k-th assistant turn of a conversation says ``script[k]``.
+
+    It records every call (prompts, results) so tests can check the exact ids fed and returned.
+    ``script`` entries ending in ``"|LEN"`` are returned without the end-of-turn token and with
+    ``finish_reason="length"``.
+    """
+
+    def __init__(
+        self, tokenizer, script: Sequence[str] | Callable[[int], str], max_batch_size: int = 64
+    ) -> None:
+        self.tok = tokenizer
+        self.script = script
+        self.max_batch_size = max_batch_size
+        self.calls: list[tuple[list[list[int]], list[GenerationResult]]] = []
+
+    async def generate(
+        self, prompts, params: SamplingParams, *, max_new_tokens=None
+    ) -> list[GenerationResult]:
+        outs = []
+        im_start_asst = self.tok("<|im_start|>assistant", add_special_tokens=False)["input_ids"]
+        for i, p in enumerate(prompts):
+            k = _count(list(p), im_start_asst) - 1
+            text = self.script(k) if callable(self.script) else self.script[min(k, len(self.script) - 1)]
+            length = text.endswith("|LEN")
+            ids = self.tok(text.removesuffix("|LEN"), add_special_tokens=False)["input_ids"]
+            if not length:
+                ids = [*ids, self.tok.eos_token_id]
+            limit = params.max_new_tokens if max_new_tokens is None else max_new_tokens[i]
+            reason = "length" if length else "stop"
+            if len(ids) > limit:
+                ids, reason = ids[:limit], "length"
+            outs.append(GenerationResult(token_ids=ids, logprobs=[-0.25] * len(ids), finish_reason=reason))
+        self.calls.append(([list(p) for p in prompts], outs))
+        return outs
+
+
+def _count(seq: list[int], sub: list[int]) -> int:
+    n = len(sub)
+    return sum(1 for i in range(len(seq) - n + 1) if seq[i : i + n] == sub)
 
 
 class CalculatorArgs(BaseModel):

@@ -15,7 +15,6 @@ import httpx
 import openai
 import pytest
 from flowgrpo.tools.calculator import Calculator
-from test_rollout import ScriptedBackend
 
 from flowgrpo.env import ToolEnv
 from flowgrpo.gateway.client import post_reward
@@ -27,6 +26,7 @@ from flowgrpo.rollout.engine import RolloutConfig, RolloutEngine
 from flowgrpo.runs.rundir import RunDir
 from flowgrpo.tool import to_openai_schema
 from flowgrpo.types import Task, Termination
+from tests.stand_ins import ScriptedBackend
 
 SYSTEM = "Solve the math problem. Use the calculator tool for arithmetic. Give the final answer as <answer>N</answer>."
 TASK = Task(

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 from langchain_openai import ChatOpenAI
-from test_rollout import ScriptedBackend
 
 from flowgrpo.cli import main as cli_main
 from flowgrpo.env import ToolEnv
@@ -22,6 +21,7 @@ from flowgrpo.rollout.engine import RolloutConfig, RolloutEngine
 from flowgrpo.runs.rundir import RunDir
 from flowgrpo.tool import from_langchain
 from flowgrpo.types import Task
+from tests.stand_ins import ScriptedBackend
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "langchain_agent"
 TASK = Task(

@@ -12,14 +12,14 @@ import asyncio
 import json
 import random
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from pydantic import BaseModel
 
 from flowgrpo.env import BaseEnvironment, StepResult
-from flowgrpo.rollout.backends.base import BackendBase, GenerationResult, SamplingParams
 from flowgrpo.tool import execute_tool_calls
 from flowgrpo.types import Message, ParsedAction, Task, ToolCall
+from tests.stand_ins import ScriptedBackend
 
 SYSTEM = "You add numbers with the add tool."
 
@@ -98,48 +98,6 @@ class AddEnv(BaseEnvironment):
 
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
 ANSWER = "<answer>5</answer>"
-
-
-class ScriptedBackend(BackendBase):
-    """A scripted *policy*: the k-th assistant turn of a conversation says ``script[k]``.
-
-    It records every call (prompts, results) so tests can check the exact ids fed and returned.
-    ``script`` entries ending in ``"|LEN"`` are returned without the end-of-turn token and with
-    ``finish_reason="length"``.
-    """
-
-    def __init__(
-        self, tokenizer, script: Sequence[str] | Callable[[int], str], max_batch_size: int = 64
-    ) -> None:
-        self.tok = tokenizer
-        self.script = script
-        self.max_batch_size = max_batch_size
-        self.calls: list[tuple[list[list[int]], list[GenerationResult]]] = []
-
-    async def generate(
-        self, prompts, params: SamplingParams, *, max_new_tokens=None
-    ) -> list[GenerationResult]:
-        outs = []
-        im_start_asst = self.tok("<|im_start|>assistant", add_special_tokens=False)["input_ids"]
-        for i, p in enumerate(prompts):
-            k = _count(list(p), im_start_asst) - 1
-            text = self.script(k) if callable(self.script) else self.script[min(k, len(self.script) - 1)]
-            length = text.endswith("|LEN")
-            ids = self.tok(text.removesuffix("|LEN"), add_special_tokens=False)["input_ids"]
-            if not length:
-                ids = [*ids, self.tok.eos_token_id]
-            limit = params.max_new_tokens if max_new_tokens is None else max_new_tokens[i]
-            reason = "length" if length else "stop"
-            if len(ids) > limit:
-                ids, reason = ids[:limit], "length"
-            outs.append(GenerationResult(token_ids=ids, logprobs=[-0.25] * len(ids), finish_reason=reason))
-        self.calls.append(([list(p) for p in prompts], outs))
-        return outs
-
-
-def _count(seq: list[int], sub: list[int]) -> int:
-    n = len(sub)
-    return sum(1 for i in range(len(seq) - n + 1) if seq[i : i + n] == sub)
 
 
 # ------------------------------------------------------------------------------------ tests
