@@ -32,16 +32,9 @@ from flowgrpo.modeling.models import tiny_model, tiny_tokenizer
 from flowgrpo.rewards import CompositeReward, RewardSpec
 from flowgrpo.training.trainer import Trainer
 from flowgrpo.types import Message, ParsedAction, Task
+from tests.toy import PlainParser
 
 TARGETS = ({0}, {0, 1})  # turn k's token must fall in TARGETS[k] (its id mod 4)
-
-
-class EchoParser:
-    def parse(self, text: str) -> ParsedAction:
-        return ParsedAction(message=Message(role="assistant", content=text), answer=text)
-
-    def format_instructions(self, tools) -> str:
-        return ""
 
 
 class TwoTurnToolEnv(BaseEnvironment):
@@ -49,7 +42,7 @@ class TwoTurnToolEnv(BaseEnvironment):
 
     name = "two_turn_tool"
     tools: list = []
-    parser = EchoParser()
+    parser = PlainParser()
     system_prompt = "Pick a token, read the tool's answer, pick another."
 
     def __init__(self) -> None:

@@ -16,6 +16,7 @@ from flowgrpo.training.batching import build_rows
 from flowgrpo.training.trainer import Trainer
 from flowgrpo.training.value import Critic
 from flowgrpo.types import Message, ParsedAction, Task, Trajectory, Turn
+from tests.toy import PlainParser
 
 # A two-turn episode packed in one row: [p p a a o o a] (prompt, 2 action tokens of turn 1, the
 # tool result, 1 action token of turn 2). Values at action tokens 0.5, 0.6 | 0.8; turn 1's shaping
@@ -155,21 +156,13 @@ def test_ppo_config_errors_say_how_to_fix():
         load_config(None, ["algorithm.name=pp0"])
 
 
-class _PlainParser:
-    def parse(self, text: str) -> ParsedAction:
-        return ParsedAction(message=Message(role="assistant", content=text), answer=text)
-
-    def format_instructions(self, tools) -> str:
-        return ""
-
-
 class _PromptRewardEnv(BaseEnvironment):
     """One turn; the reward (below) pays on half of the tasks whatever the policy says, so a critic
     that reads the prompt can predict the return exactly."""
 
     name = "prompt_reward"
     tools: list = []
-    parser = _PlainParser()
+    parser = PlainParser()
 
     async def reset(self, task: Task) -> list[Message]:
         return [Message(role="user", content=task.prompt)]

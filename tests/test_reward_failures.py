@@ -15,6 +15,7 @@ from flowgrpo.rewards import CompositeReward, JudgeReward, Missing, RewardSpec, 
 from flowgrpo.runs.rundir import RunDir
 from flowgrpo.training.trainer import Trainer
 from flowgrpo.types import Message, ParsedAction, Task, Trajectory, TrajectoryGroup, Turn
+from tests.toy import PlainParser
 
 
 def _group(n: int = 4) -> TrajectoryGroup:
@@ -117,18 +118,10 @@ def test_judge_failures_exclude_the_episode_by_default():
     assert judge.failures == 1 and judge.calls == 2
 
 
-class _Parser:
-    def parse(self, text: str) -> ParsedAction:
-        return ParsedAction(message=Message(role="assistant", content=text), answer=text)
-
-    def format_instructions(self, tools) -> str:
-        return ""
-
-
 class _OneTurnEnv(BaseEnvironment):
     name = "one_turn"
     tools: list = []
-    parser = _Parser()
+    parser = PlainParser()
 
     async def reset(self, task: Task) -> list[Message]:
         return [Message(role="user", content=task.prompt)]
