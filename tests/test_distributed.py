@@ -23,6 +23,7 @@ from flowgrpo.training.batching import Row, micro_batches
 from flowgrpo.training.distributed import DistContext, check_supported, shard
 from flowgrpo.training.trainer import Trainer
 from flowgrpo.types import Message, ParsedAction, Task
+from tests.toy import PlainParser
 
 
 def test_shards_are_contiguous_and_differ_by_at_most_one():
@@ -79,20 +80,12 @@ def test_options_without_a_data_parallel_form_are_refused_with_what_to_change():
 
 
 # ------------------------------------------------------------------ 2 ranks vs 1 rank, end to end
-class _Plain:
-    def parse(self, text: str) -> ParsedAction:
-        return ParsedAction(message=Message(role="assistant", content=text), answer=text)
-
-    def format_instructions(self, tools) -> str:
-        return ""
-
-
 class SayEnv(BaseEnvironment):
     """One turn; the reward pays when the first sampled token id is even."""
 
     name = "say"
     tools: list = []
-    parser = _Plain()
+    parser = PlainParser()
 
     async def reset(self, task: Task) -> list[Message]:
         return [Message(role="user", content=task.prompt)]
