@@ -17,7 +17,6 @@ import os
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -25,32 +24,16 @@ import torch
 from flowgrpo.config import load_config
 from flowgrpo.training.trainer import Trainer
 from tests.device_check import inputs_on_model_device, trainer_models
+from tests.toy import CALCULATOR, SMALL
 
 pytestmark = pytest.mark.gpu
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "calculator_agent.yaml"
-SMALL = [
-    "model.name=tiny",
-    "model.device=cuda",
-    "model.autocast=null",
-    "train.steps=1",
-    "train.tasks_per_step=2",
-    "train.group_size=2",
-    "train.drop_zero_variance_groups=false",  # a random model's groups tie: still run the update
-    "train.resample_rounds=0",
-    "rollout.max_turns=2",
-    "rollout.max_new_tokens=16",
-    "sft.enabled=false",
-    "sft.tasks=4",
-    "sft.epochs=1",
-    "run.progress=false",
-    "run.eval_every=0",
-    "run.save_every=0",
-]
+# The shared tiny calculator run on the GPU, without its warm start (tests that want it enable it).
+GPU_SMALL = [*SMALL, "model.device=cuda", "sft.enabled=false"]
 
 
 def _cfg(tmp_path, *overrides: str):
-    return load_config(EXAMPLE, [*SMALL, f"run.output_dir={tmp_path / 'run'}", *overrides])
+    return load_config(CALCULATOR, [*GPU_SMALL, f"run.output_dir={tmp_path / 'run'}", *overrides])
 
 
 def _on_cuda(module: torch.nn.Module) -> bool:
@@ -210,9 +193,9 @@ def _free_port() -> int:
 def test_two_nccl_ranks_one_gpu_each(tmp_path, parallel):
     """``torchrun --nproc_per_node 2 -m flowgrpo train``: nccl, rank r on cuda:r."""
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    argv += ["--master_port", str(_free_port()), "-m", "flowgrpo", "train", str(EXAMPLE)]
+    argv += ["--master_port", str(_free_port()), "-m", "flowgrpo", "train", str(CALCULATOR)]
     argv += ["--eval-n", "2", "--untrained-n", "2", "--no-report"]
-    for s in [*SMALL, "model.device=auto", f"train.parallel={parallel}", "train.steps=2"]:
+    for s in [*GPU_SMALL, "model.device=auto", f"train.parallel={parallel}", "train.steps=2"]:
         argv += ["--set", s]
     argv += ["--set", f"run.output_dir={tmp_path / 'run'}"]
     proc = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ), timeout=600)
