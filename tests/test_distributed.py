@@ -221,9 +221,10 @@ def test_two_gloo_ranks_end_with_the_parameters_of_one_rank_also_across_a_resume
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
-def test_the_torchrun_launch_trains_with_rank_0_writing(tmp_path, parallel):
-    """``torchrun --nproc_per_node 2 -m flowgrpo train``: the command users run, gloo on CPU."""
+@pytest.mark.parametrize("parallel, warm", [("ddp", False), ("fsdp2", False), ("ddp", True)])
+def test_the_torchrun_launch_trains_with_rank_0_writing(tmp_path, parallel, warm):
+    """``torchrun --nproc_per_node 2 -m flowgrpo train``: the command users run, gloo on CPU; with a
+    warm start every rank joins the step-0 checkpoint that rank 0 writes (else the ranks hang)."""
     (tmp_path / "cfg.yaml").write_text("model:\n  name: tiny\n")
     settings = [
         "model.autocast=null",
@@ -237,6 +238,7 @@ def test_the_torchrun_launch_trains_with_rank_0_writing(tmp_path, parallel):
         "run.progress=false",
         f"train.parallel={parallel}",
         f"run.output_dir={tmp_path / 'run'}",
+        *(["sft.enabled=true", "sft.tasks=4", "sft.epochs=1", "rollout.max_new_tokens=256"] if warm else []),
     ]
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "flowgrpo"]
     argv += ["train", str(tmp_path / "cfg.yaml"), "--eval-n", "2", "--untrained-n", "2", "--no-report"]
