@@ -32,9 +32,13 @@ SMOKE = [
     "sft.epochs=1",
     "run.progress=false",
 ]
-# Oracle demonstrations of a search or a whole function do not fit in 16 tokens: no warm start there
-# (the calculator config covers the warm-start path).
-EXTRA = {"calculator_agent": [], "search_agent": ["sft.enabled=false"], "code_agent": ["sft.enabled=false"]}
+# Oracle demonstrations of a search or a whole function do not fit in 16 tokens: no warm start there,
+# so nothing to replay either (the calculator config covers the warm-start path).
+EXTRA = {
+    "calculator_agent": [],
+    "search_agent": ["sft.enabled=false", "sft.replay_coef=0"],
+    "code_agent": ["sft.enabled=false"],
+}
 
 
 def _load_example(name: str):
