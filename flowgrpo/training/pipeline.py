@@ -48,9 +48,7 @@ def _train_and_evaluate(
     trainer: Any, cfg: TrainConfig, t0: float, *, eval_n: int | None, untrained_n: int | None, report: bool
 ) -> dict[str, Any]:
     if not trainer.dist.is_main:  # torchrun: rank 0 evaluates and reports; this rank trains in step
-        if cfg.sft.enabled and trainer.step == 0 and not trainer.counters["sft_done"]:
-            trainer.warm_start()
-            trainer.save()  # collective: rank 0 writes the step-0 checkpoint in _warm_start
+        # train() runs a pending warm start and joins the collective step-0 save rank 0 makes in _warm_start
         result = trainer.train(eval_last_step=not eval_n)
         return {
             "untrained": None,
