@@ -78,3 +78,30 @@ def test_embedded_model_loads_trains_and_saves(tmp_path, monkeypatch):
     model2.save_pretrained(tmp_path / "saved")
     assert (tmp_path / "saved" / "model.safetensors").is_file()
     assert tok2.padding_side == "left" and tok2.pad_token_id == tok2.eos_token_id == 2
+
+
+def test_runs_starting_together_convert_the_model_once(tmp_path, monkeypatch):
+    """Six arms started side by side on one GPU each converted the GGUF and replaced the cache
+    directory under the ones already loading from it; the cache lock makes one convert, the rest wait."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from flowgrpo.modeling import models
+    from flowgrpo.utils.files import atomic_directory
+
+    monkeypatch.setenv("FLOWGRPO_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"gguf")
+    calls = []
+
+    def slow_convert(src, target):
+        calls.append(src)
+        time.sleep(0.3)
+        with atomic_directory(target) as tmp:
+            (tmp / "config.json").write_text("{}")
+        return target
+
+    monkeypatch.setattr(models, "convert_to_cache", slow_convert)
+    with ThreadPoolExecutor(4) as pool:
+        dirs = list(pool.map(lambda _: models.local_model_dir(str(gguf)), range(4)))
+    assert len(calls) == 1
+    assert len(set(dirs)) == 1 and (dirs[0] / "config.json").is_file()

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flowgrpo.utils.files import atomic_directory
+from flowgrpo.utils.files import atomic_directory, exclusive_lock
 
 log = logging.getLogger(__name__)
 
@@ -141,11 +141,16 @@ def local_model_dir(name_or_path: str) -> Path:
             )
         return path
     path = _cached_dir_for(gguf, label)
-    if not (path / "config.json").is_file():
-        t0 = time.monotonic()
-        log.info("converting %s to safetensors in %s (once; ~15 s) ...", gguf.name, path)
-        convert_to_cache(gguf, path)
-        log.info("converted %s in %.1f s", gguf.name, time.monotonic() - t0)
+    if (path / "config.json").is_file():
+        return path
+    # One process converts; the others wait, then load its result. Without the lock, processes that
+    # start together each convert and replace the directory, under a process already loading from it.
+    with exclusive_lock(path.parent / f".{path.name}.lock"):
+        if not (path / "config.json").is_file():
+            t0 = time.monotonic()
+            log.info("converting %s to safetensors in %s (once; ~15 s) ...", gguf.name, path)
+            convert_to_cache(gguf, path)
+            log.info("converted %s in %.1f s", gguf.name, time.monotonic() - t0)
     return path
 
 
