@@ -54,6 +54,53 @@ def test_bm25_ranks_and_formats(tmp_path):
         asyncio.run(invoke(tool, {"query": "  "}))
 
 
+FAKE_JAX_LAX = """
+import os
+import numpy as np
+
+def top_k(x, k):
+    open(os.environ["FAKE_JAX_LOG"], "a").write("top_k\\n")
+    idx = np.argsort(-np.asarray(x), axis=-1)[..., :k]
+    return np.take_along_axis(np.asarray(x), idx, -1), idx
+"""
+
+
+@pytest.mark.parametrize("chosen", [None, "cuda"])
+def test_bm25_keeps_jax_off_the_gpu(tmp_path, chosen):
+    """Where JAX is installed, bm25s uses it for top-k, and JAX's first use holds 75% of a GPU's memory
+    (six runs side by side on one H200 went out of memory). A stand-in JAX records the platform it was
+    imported under and each top-k call: the CPU unless the user chose one, and none from a search."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "jax").mkdir()
+    (tmp_path / "jax" / "__init__.py").write_text(
+        "import os\n"
+        "open(os.environ['FAKE_JAX_LOG'], 'a').write('platform ' + os.environ.get('JAX_PLATFORMS', '-') + '\\n')\n"
+        "from . import lax\n"
+    )
+    (tmp_path / "jax" / "lax.py").write_text(FAKE_JAX_LAX)
+    log = tmp_path / "jax.log"
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    env.update(FAKE_JAX_LOG=str(log), PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
+    if chosen:
+        env["JAX_PLATFORMS"] = chosen
+    code = (
+        "import asyncio, json, sys; from flowgrpo.tools.search import BM25Backend;"
+        "b = BM25Backend(json.loads(sys.argv[1]));"
+        "print([h.id for h in asyncio.run(b.search('capital of Germany', 2))])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(DOCS)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[0] == "['de', 'fr']"
+    calls = log.read_text().splitlines()
+    assert calls[0] == f"platform {chosen or 'cpu'}"
+    assert calls.count("top_k") <= 1  # bm25s's probe at import; the search used numpy
+
+
 def test_from_folder_and_make_tool(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "moon.md").write_text("# The Moon\nThe Moon orbits the Earth every 27 days.")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -81,6 +82,10 @@ class BM25Backend:
     """BM25 over in-memory documents (``bm25s``, English stopwords, lowercase, no stemming)."""
 
     def __init__(self, docs: Iterable[Document | Mapping[str, Any]], *, snippet_chars: int = 300) -> None:
+        # bm25s takes JAX for its top-k wherever JAX is installed, and JAX's first use holds 75% of a
+        # GPU's memory: six training runs sharing an H200 went out of memory. One query's top-k needs
+        # no GPU, so JAX stays on the CPU unless the user chose a platform.
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
         import bm25s
         from bm25s.tokenization import Tokenizer
 
@@ -156,7 +161,8 @@ class BM25Backend:
     def search_sync(self, query: str, k: int) -> list[SearchHit]:
         q = self._tokenizer.tokenize([query], update_vocab=False, show_progress=False, return_as="ids")
         k = min(k, len(self.docs))
-        idx, scores = self._index.retrieve(q, k=k, show_progress=False)
+        # numpy's top-k, with or without JAX installed: the same hits on every machine
+        idx, scores = self._index.retrieve(q, k=k, show_progress=False, backend_selection="numpy")
         hits = []
         for i, s in zip(idx[0].tolist(), scores[0].tolist(), strict=True):
             if s <= 0:
