@@ -8,6 +8,9 @@ in every seed and on every numeric path, and does it hold when the run is longer
     python -m benchmarks.learning_matrix ... --run --jobs 6  # on a GPU: six arms side by side
     python -m benchmarks.learning_matrix ... --per-step  # also sampler ratio, entropy, groups with a
                                                          # signal, KL and time of every RL step
+    python -m benchmarks.learning_matrix ... --run --jobs 6 --stop-after 420  # a lent GPU's minutes:
+                                                         # arms still running at 420 s checkpoint and
+                                                         # evaluate the step they reached
     python -m benchmarks.learning_matrix ... --steps 15  # the 5x-longer arms of the same recipe, each
                                                          # also paired with its config-length arm
     python -m benchmarks.learning_matrix ... --steps 15 --label anchored \
@@ -42,8 +45,10 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -105,9 +110,18 @@ def arm_name(precision: str, seed: int, steps: int | None, label: str | None = N
 
 
 def run_arm(
-    config: str, out: Path, precision: str, seed: int, steps: int | None, eval_n: int, extra: list[str]
+    config: str,
+    out: Path,
+    precision: str,
+    seed: int,
+    steps: int | None,
+    eval_n: int,
+    extra: list[str],
+    *,
+    stop_at: float | None = None,
 ) -> int:
-    """The main job for one arm, in its own process (a crash or a kill loses only this arm)."""
+    """The main job for one arm, in its own process (a crash or a kill loses only this arm);
+    ``stop_at``: see :func:`run_logged`."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "machine.json").write_text(json.dumps(machine(), indent=1))
     sets = [
@@ -123,7 +137,7 @@ def run_arm(
     cmd += ["--no-report"] + [a for s in sets for a in ("--set", s)]
     print("$", " ".join(cmd), flush=True)
     resume = resumes(extra)
-    rc, wall_min, peak_gb = run_logged(cmd, out / "train.log", append=resume)
+    rc, wall_min, peak_gb = run_logged(cmd, out / "train.log", append=resume, stop_at=stop_at)
     record_cost(out / "wall.json", rc, wall_min, peak_gb, resume=resume)
     return rc
 
@@ -153,14 +167,36 @@ def record_cost(path: Path, rc: int, wall_min: float, peak_gb: float, *, resume:
     path.write_text(json.dumps(cost))
 
 
-def run_logged(cmd: list[str], log: Path, *, append: bool = False) -> tuple[int, float, float]:
+def run_logged(
+    cmd: list[str], log: Path, *, append: bool = False, stop_at: float | None = None
+) -> tuple[int, float, float]:
     """Run ``cmd`` with its output in ``log`` (after what it holds when ``append``, as for a resumed
     arm); returns its exit code, wall minutes and peak resident memory in GB (``ru_maxrss`` of that
     child from ``os.wait4``). An arm's peak is what decides whether a recipe fits a machine: a
-    12-step search run outgrew 24 GiB (docs/learning.md 10.3)."""
+    12-step search run outgrew 24 GiB (docs/learning.md 10.3).
+
+    ``stop_at`` (a ``time.monotonic()`` instant): SIGTERM the child if it is still running then; a
+    training run checkpoints and evaluates the step it reached, as on a lent machine whose minutes
+    end before the arm's steps do."""
     t0 = time.monotonic()
     with open(log, "a" if append else "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+        exited, lock = threading.Event(), threading.Lock()
+
+        def stop() -> None:
+            with lock:
+                if not exited.is_set():
+                    proc.send_signal(signal.SIGTERM)
+
+        timer = threading.Timer(max(0.0, stop_at - t0), stop) if stop_at is not None else None
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped: its pid is still its own
+        with lock:
+            exited.set()
+        if timer is not None:
+            timer.cancel()
         _, status, rusage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     return proc.returncode, (time.monotonic() - t0) / 60, rusage.ru_maxrss * 1024 / 1e9
@@ -341,12 +377,21 @@ def main(argv: list[str] | None = None) -> int:
         "six arms took 286 s side by side on one H200. On a CPU keep 1: arms would share its cores",
     )
     ap.add_argument(
+        "--stop-after",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="SIGTERM every arm still running SECONDS after this command started: each checkpoints and "
+        "evaluates the step it reached (the table shows that step), as a lent GPU's minutes require",
+    )
+    ap.add_argument(
         "--keep-checkpoints",
         action="store_true",
         help="keep the checkpoints of the arms this command runs (default: delete them once evaluated, "
         "unless the arm stopped before its last step)",
     )
     args = ap.parse_args(argv)
+    stop_at = None if args.stop_after is None else time.monotonic() + args.stop_after
 
     base = Path(args.root) / Path(args.config).stem
     order: list[str] = []
@@ -366,13 +411,21 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     missing.append(name)
 
-    def run_one(item: tuple[str, Path, str, int]) -> int:
+    def run_one(item: tuple[str, Path, str, int]) -> int | None:
         _, out, precision, seed = item
-        return run_arm(args.config, out, precision, seed, args.steps, args.eval_n, args.overrides)
+        if stop_at is not None and time.monotonic() >= stop_at:
+            return None  # its deadline passed while it queued: not started
+        return run_arm(
+            args.config, out, precision, seed, args.steps, args.eval_n, args.overrides, stop_at=stop_at
+        )
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each arm is a process of its own
         exit_codes = list(pool.map(run_one, todo))
     for (name, out, _, _), rc in zip(todo, exit_codes, strict=True):
+        if rc is None:
+            print(f"{name}: not started, --stop-after {args.stop_after:g} s had passed", file=sys.stderr)
+            missing.append(name)
+            continue
         try:
             done[name] = Arm(out)
         except (OSError, ValueError) as e:

@@ -303,6 +303,32 @@ def test_learning_matrix_records_an_arms_own_peak_memory(tmp_path) -> None:
     assert rc == 3
 
 
+def test_learning_matrix_stops_an_arm_with_sigterm_at_its_deadline(tmp_path) -> None:
+    """``--stop-after``: an arm still running at the deadline gets SIGTERM (a training run then
+    checkpoints and evaluates), and one that ended before it gets nothing."""
+    import sys
+    import time
+
+    from benchmarks.learning_matrix import run_logged
+
+    child = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: (print('stopped at its step'), sys.exit(0)))\n"
+        "time.sleep(120)\n"
+        "print('ran to the end')\n"
+    )
+    rc, wall_min, _ = run_logged(
+        [sys.executable, "-c", child], tmp_path / "log", stop_at=time.monotonic() + 3
+    )
+    assert rc == 0 and (tmp_path / "log").read_text() == "stopped at its step\n"
+    assert wall_min < 1  # stopped, not slept out
+    rc, _, _ = run_logged(
+        [sys.executable, "-c", "print('done')"], tmp_path / "log", stop_at=time.monotonic() + 1
+    )
+    time.sleep(1.5)  # past the deadline of a child that has already ended: no signal goes anywhere
+    assert rc == 0 and (tmp_path / "log").read_text() == "done\n"
+
+
 def test_learning_matrix_a_resumed_arm_keeps_its_earlier_log_and_cost(tmp_path) -> None:
     import json
     import sys
@@ -334,6 +360,7 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
     tmp_path, capsys, monkeypatch
 ) -> None:
     import json
+    import time
 
     from benchmarks.learning_matrix import main
     from flowgrpo.runs.evaluation import EvalResult
@@ -422,7 +449,7 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
     # needs only eval.jsonl); a failed arm keeps them; --keep-checkpoints keeps them all
     import benchmarks.learning_matrix as lm
 
-    def fake_train(config, out, precision, seed, steps, eval_n, extra) -> int:
+    def fake_train(config, out, precision, seed, steps, eval_n, extra, *, stop_at=None) -> int:
         (out / "checkpoints" / "step-000001").mkdir(parents=True)
         (out / "checkpoints" / "step-000001" / "model.safetensors").write_bytes(b"x" * 1000)
         if seed == 4:
@@ -442,7 +469,7 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
     )
     assert (arms / "fp16-seed5" / "checkpoints" / "step-000001" / "model.safetensors").is_file()
 
-    def stopped_train(config, out, precision, seed, steps, eval_n, extra) -> int:
+    def stopped_train(config, out, precision, seed, steps, eval_n, extra, *, stop_at=None) -> int:
         fake_train(config, out, precision, 3, steps, eval_n, extra)
         (out / "config.yaml").write_text("train:\n  steps: 12\n")
         arm(out.name, [0, 1], [1, 1], final_step=9)  # a signal stopped it after step 9 of 12
@@ -454,7 +481,7 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
     assert (arms / "fp16-seed8" / "checkpoints" / "step-000001" / "model.safetensors").is_file()
     assert "fp16-seed8: stopped at step 9 of 12; kept its checkpoints" in capsys.readouterr().out
 
-    def cut_short_eval(config, out, precision, seed, steps, eval_n, extra) -> int:
+    def cut_short_eval(config, out, precision, seed, steps, eval_n, extra, *, stop_at=None) -> int:
         stopped_train(config, out, precision, seed, steps, eval_n, extra)
         (out / "checkpoints" / "step_000012").mkdir()
         (out / "checkpoints" / "step_000012" / "state.pt").write_bytes(b"x")
@@ -471,8 +498,10 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
     import threading
 
     both = threading.Barrier(2, timeout=10)
+    deadlines = []
 
-    def fake_train_together(config, out, precision, seed, steps, eval_n, extra) -> int:
+    def fake_train_together(config, out, precision, seed, steps, eval_n, extra, *, stop_at=None) -> int:
+        deadlines.append(stop_at)
         both.wait()  # raises BrokenBarrierError unless the other arm runs at the same time
         arm(out.name, [0, 1], [1, 1] if seed == 7 else [0, 1])
         return 0
@@ -480,11 +509,17 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
     monkeypatch.setattr(lm, "run_arm", fake_train_together)
     capsys.readouterr()
     argv = ["--seeds", "7", "6", "--precision", "fp16", "--root", str(tmp_path), "--run", "--jobs", "2"]
-    assert main(argv) == 0
+    assert main([*argv, "--stop-after", "420"]) == 0
+    assert len(set(deadlines)) == 1 and deadlines[0] > time.monotonic() + 400  # one deadline for all
     names = [
         r.split(" | ")[0].lstrip("| ") for r in capsys.readouterr().out.splitlines() if r.startswith("| fp16")
     ]
     assert names == ["fp16-seed7", "fp16-seed6"]
+    late = ["--seeds", "11", "--precision", "fp16", "--root", str(tmp_path), "--run", "--stop-after", "0"]
+    assert (
+        main(late) == 1 and "fp16-seed11: not started, --stop-after 0 s had passed" in capsys.readouterr().err
+    )
+    assert not (tmp_path / "calculator_agent" / "fp16-seed11").exists() and len(deadlines) == 2
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
