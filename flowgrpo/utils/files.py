@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import tempfile
@@ -34,7 +33,13 @@ def exclusive_lock(path: str | os.PathLike) -> Iterator[None]:
     """Hold an exclusive advisory lock on the file ``path`` (created if missing) for the block: a
     second process (or thread) entering the block with the same path waits until the first leaves.
     For work that several processes would otherwise all do at once and then overwrite, such as the
-    first conversion of the embedded model when six training runs start side by side on one GPU."""
+    first conversion of the embedded model when six training runs start side by side on one GPU.
+    Where there is no ``fcntl`` (Windows) the block runs unlocked."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
