@@ -305,7 +305,7 @@ def test_learning_matrix_records_an_arms_own_peak_memory(tmp_path) -> None:
 
 def test_learning_matrix_stops_an_arm_with_sigterm_at_its_deadline(tmp_path) -> None:
     """``--stop-after``: an arm still running at the deadline gets SIGTERM (a training run then
-    checkpoints and evaluates), and one that ended before it gets nothing."""
+    checkpoints and evaluates), and one that ends before it runs to its end."""
     import sys
     import time
 
@@ -325,7 +325,6 @@ def test_learning_matrix_stops_an_arm_with_sigterm_at_its_deadline(tmp_path) -> 
     rc, _, _ = run_logged(
         [sys.executable, "-c", "print('done')"], tmp_path / "log", stop_at=time.monotonic() + 1
     )
-    time.sleep(1.5)  # past the deadline of a child that has already ended: no signal goes anywhere
     assert rc == 0 and (tmp_path / "log").read_text() == "done\n"
 
 
