@@ -13,6 +13,8 @@ in every seed and on every numeric path, and does it hold when the run is longer
                                                          # evaluate the step they reached
     python -m benchmarks.learning_matrix ... --steps 15  # the 5x-longer arms of the same recipe, each
                                                          # also paired with its config-length arm
+    python -m benchmarks.learning_matrix ... --steps 75 --versus-step 30  # each arm's end against
+                                                         # its own step 30, per arm and pooled
     python -m benchmarks.learning_matrix ... --steps 15 --label anchored \
         --set train.lr_schedule=cosine --set algorithm.kl_coef=0.05  # a recipe variant, in arms of its
                                                          # own name, paired with the config's arms
@@ -228,6 +230,9 @@ class Arm:
         self.cmp: PairedComparison = paired_difference(self.a, self.b)
         curve = [e for e in evals if e.label.startswith("step") and e is not self.final]
         self.curve = [(e.label, e.accuracy, e.n) for e in curve]
+        self.steps_evaluated = {
+            e.step: e for e in evals if e.label.startswith("step") and e.n == self.final.n
+        }
         mfile = out / "machine.json"
         self.machine = json.loads(mfile.read_text()) if mfile.is_file() else {}
         wall = out / "wall.json"
@@ -345,6 +350,41 @@ def versus_short(rows: list[tuple[str, Arm]], short: dict[str, Arm]) -> str:
     return head + "\n".join(lines) if lines else ""
 
 
+def versus_step(rows: list[tuple[str, Arm]], step: int) -> str:
+    """Each arm's final checkpoint against its own evaluation at ``step`` (same run, same tasks), and
+    the pooled test over the arms that have one: does running on from ``step`` end at or above it?
+    Arms resumed from a shorter run carry that run's evaluations, so ``step`` can be the short run's
+    end. The peak column is the curve's highest evaluation of the final's n and how far the final
+    sits below it: a spike and decay shows there. The peak is picked after the fact, so it gets no
+    p-value."""
+    head = (
+        f"| arm | step {step} | after RL | difference [95% CI] | p | peak of the curve | final - peak |\n"
+        "|---|---|---|---|---|---|---|\n"
+    )
+    lines, a, b = [], [], []
+    for name, arm in rows:
+        short = arm.steps_evaluated.get(step)
+        if short is None or short is arm.final:
+            continue
+        shared = [t for t in arm.final.per_task if t in short.per_task]
+        xa, xb = short.outcomes(shared), arm.final.outcomes(shared)
+        a += xa
+        b += xb
+        c = paired_difference(xa, xb)
+        peak = max(arm.steps_evaluated.values(), key=lambda e: (e.accuracy, -e.step))
+        lines.append(
+            f"| {name} | {c.accuracy_a:.3f} | {c.accuracy_b:.3f} (step {arm.final.step}) | {difference_cells(c)} | "
+            f"{peak.accuracy:.3f} (step {peak.step}) | {100 * (arm.final.accuracy - peak.accuracy):+.1f} |"
+        )
+    if len(lines) > 1:
+        pooled = paired_difference(a, b)
+        lines.append(
+            f"| **pooled** ({len(lines)} arms, n={pooled.n}) | {pooled.accuracy_a:.3f} | {pooled.accuracy_b:.3f} | "
+            f"{difference_cells(pooled)} | | |"
+        )
+    return head + "\n".join(lines) if lines else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default="examples/calculator_agent.yaml")
@@ -383,6 +423,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SECONDS",
         help="SIGTERM every arm still running SECONDS after this command started: each checkpoints and "
         "evaluates the step it reached (the table shows that step), as a lent GPU's minutes require",
+    )
+    ap.add_argument(
+        "--versus-step",
+        type=int,
+        default=None,
+        metavar="STEP",
+        help="also pair each arm's final checkpoint with its own evaluation at STEP, per arm and pooled: "
+        "a run continued past STEP (run.resume=true with more train.steps) against where it stood",
     )
     ap.add_argument(
         "--keep-checkpoints",
@@ -467,6 +515,10 @@ def main(argv: list[str] | None = None) -> int:
             what = " ".join(filter(None, [f"{args.steps}-step" if args.steps else "", args.label]))
             print(f"\nthe {what} arms against the config's own run, final vs final, same tasks\n")
             print(vs)
+    if args.versus_step is not None:
+        vs_step = versus_step(rows, args.versus_step)
+        print(f"\nafter RL against each arm's own step {args.versus_step}, same tasks\n")
+        print(vs_step or f"no arm has an evaluation at step {args.versus_step} of its final's n")
     if missing:
         print(f"\nnot run yet: {', '.join(missing)} (add --run)")
     return 0 if rows else 1

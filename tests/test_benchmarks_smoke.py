@@ -434,6 +434,24 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
     assert row[1:4] == ["0.833 (step 3)", "1.000 (step 15)", row[3]] and row[3].startswith("+16.7 [")
     assert row[4] == "1 |"  # one task fixed, none broken: exact McNemar p = 1
 
+    # --versus-step: each arm's end against its own evaluation at that step, per arm and pooled; the
+    # peak is the curve's best evaluation of the final's n
+    arm("fp32-seed0-steps15", [1, 0, 0, 0, 1, 1], [1, 1, 1, 1, 0, 1], curve=[1, 1, 1, 1, 1, 1], final_step=15)
+    arm("fp32-seed1-steps15", [0, 0, 1, 1], [1, 1, 1, 1], curve=[0, 1, 1, 1], final_step=15)
+    argv = ["--seeds", "0", "1", "2", "--steps", "15", "--root", str(tmp_path), "--versus-step", "2"]
+    assert main(argv) == 0
+    vs = capsys.readouterr().out.split("against each arm's own step 2, same tasks")[1]
+    rows = {r.split(" | ")[0].lstrip("| "): r.split(" | ") for r in vs.splitlines() if r.startswith("| ")}
+    s0, s1 = rows["fp32-seed0-steps15"], rows["fp32-seed1-steps15"]
+    assert s0[1:3] == ["1.000", "0.833 (step 15)"] and s0[3].startswith("-16.7 [") and s0[4] == "1"
+    assert s0[5:] == ["1.000 (step 2)", "-16.7 |"]  # one broken, none fixed: exact McNemar p = 1
+    assert s1[1:3] == ["0.750", "1.000 (step 15)"] and s1[5:] == ["1.000 (step 15)", "+0.0 |"]
+    pooled = rows["**pooled** (2 arms, n=10)"]
+    assert pooled[1:3] == ["0.900", "0.900"] and pooled[3].startswith("+0.0 [") and pooled[4] == "1"
+    assert "fp32-seed2-steps15" not in rows
+    assert main([*argv[:-1], "7"]) == 0
+    assert "no arm has an evaluation at step 7" in capsys.readouterr().out
+
     # --label: a recipe variant's arm has a name of its own and is paired with the config's run
     arm("fp32-seed0-steps15-anchored", [1, 0, 0, 0, 1, 1], [0, 1, 1, 0, 0, 0], final_step=15)
     assert main(["--seeds", "0", "--steps", "15", "--label", "anchored", "--root", str(tmp_path)]) == 0
