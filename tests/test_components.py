@@ -143,6 +143,35 @@ def test_evaluate_run_builds_no_trainer(tmp_path, monkeypatch):
     assert RunDir(cfg.run.output_dir).find_eval("untrained").n == 3
 
 
+def test_compare_reuses_evaluations_of_every_task_when_the_split_has_fewer_than_n(tmp_path, monkeypatch):
+    """multihop has a few hundred test questions at most: evaluations of all of them answer
+    ``--compare`` at its default n = 500, with no checkpoint left and no model loaded (a run whose
+    checkpoints were pruned)."""
+    import flowgrpo.training.pipeline as pipeline
+    from flowgrpo.components import env_factory_of
+    from flowgrpo.runs.evaluation import EvalResult
+
+    cfg = config(tmp_path, "env.name=multihop")
+    ids = [t.id for t in env_factory_of(cfg.env)().tasks("test")]
+    assert 50 < len(ids) < 500
+    run = tmp_path / "run"
+    run.mkdir()
+    with open(run / "eval.jsonl", "w") as f:
+        for label, step, solved in [("warm", 0, 20), ("step30", 30, 45)]:
+            per_task = {t: int(i < solved) for i, t in enumerate(ids)}
+            ev = EvalResult(
+                label=label, step=step, n=len(ids), accuracy=solved / len(ids), ci95=(0, 1), per_task=per_task
+            )
+            f.write(ev.model_dump_json() + "\n")
+
+    def no_eval(*a, **kw):
+        raise AssertionError("the recorded evaluations cover every test task")
+
+    monkeypatch.setattr(pipeline, "evaluate_run", no_eval)
+    c = pipeline.compare_checkpoints(cfg, "warm", "30")["comparison"]
+    assert c.n == len(ids) and (c.only_a, c.only_b) == (0, 25)
+
+
 def test_served_policy_receives_the_trainers_weights_and_reports_its_version(tmp_path, served, caplog):
     """rollout.server.weight_sync_dir: every update is pushed to flowgrpo serve, whose completions
     report the version that sampled them; the trajectories record it."""

@@ -234,9 +234,13 @@ def compare_checkpoints(
     """Compare two checkpoints of a run on the same first ``n`` tasks of ``split`` (greedy).
 
     Each side reuses its recorded evaluation in ``RUN/eval.jsonl`` when that covered at least ``n``
-    tasks; otherwise it is evaluated now (``warm`` is the step-0 checkpoint written after the warm
-    start) and recorded. Returns both results and the paired comparison.
+    tasks, or every task of the split when it has fewer (multihop's 191 test questions satisfy the
+    default 500); otherwise it is evaluated now (``warm`` is the step-0 checkpoint written after the
+    warm start) and recorded. Returns both results and the paired comparison.
     """
+    from flowgrpo.components import env_factory_of
+
+    n = min(n, len(env_factory_of(cfg.env)().tasks(split)))
     run = RunDir(cfg.run.output_dir)
     results = {}
     for side in (a, b):
