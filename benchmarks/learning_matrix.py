@@ -61,6 +61,7 @@ import yaml
 from flowgrpo.algorithms.stats import PairedComparison, paired_difference
 from flowgrpo.config import parse_override
 from flowgrpo.runs.checkpoint import checkpoint_step
+from flowgrpo.runs.evaluation import EvalResult
 from flowgrpo.runs.rundir import RunDir
 
 PRECISIONS: dict[str, list[str]] = {
@@ -214,6 +215,13 @@ def prune_checkpoints(out: Path) -> int:
     return freed
 
 
+def paired_outcomes(a: EvalResult, b: EvalResult) -> tuple[list[int], list[int]]:
+    """Per-task outcomes of two evaluations on the tasks both hold, in ``a``'s order: the pairs of
+    one paired test, which pooled tests concatenate across arms."""
+    shared = [t for t in a.per_task if t in b.per_task]
+    return a.outcomes(shared), b.outcomes(shared)
+
+
 class Arm:
     """One finished arm, read back from its run directory."""
 
@@ -225,8 +233,7 @@ class Arm:
         if not warm or not final:
             raise ValueError(f"{out}: no warm-start and final evaluation of the same n in eval.jsonl")
         self.warm, self.final = warm[-1], final[-1]
-        shared = [t for t in self.warm.per_task if t in self.final.per_task]
-        self.a, self.b = self.warm.outcomes(shared), self.final.outcomes(shared)
+        self.a, self.b = paired_outcomes(self.warm, self.final)
         self.cmp: PairedComparison = paired_difference(self.a, self.b)
         curve = [e for e in evals if e.label.startswith("step") and e is not self.final]
         self.curve = [(e.label, e.accuracy, e.n) for e in curve]
@@ -341,8 +348,7 @@ def versus_short(rows: list[tuple[str, Arm]], short: dict[str, Arm]) -> str:
         base = short.get(name)
         if base is None:
             continue
-        shared = [t for t in arm.final.per_task if t in base.final.per_task]
-        c = paired_difference(base.final.outcomes(shared), arm.final.outcomes(shared))
+        c = paired_difference(*paired_outcomes(base.final, arm.final))
         lines.append(
             f"| {name} | {c.accuracy_a:.3f} (step {base.final.step}) | {c.accuracy_b:.3f} (step {arm.final.step}) | "
             f"{difference_cells(c)} |"
@@ -366,8 +372,7 @@ def versus_step(rows: list[tuple[str, Arm]], step: int) -> str:
         short = arm.steps_evaluated.get(step)
         if short is None or short is arm.final:
             continue
-        shared = [t for t in arm.final.per_task if t in short.per_task]
-        xa, xb = short.outcomes(shared), arm.final.outcomes(shared)
+        xa, xb = paired_outcomes(short, arm.final)
         a += xa
         b += xb
         c = paired_difference(xa, xb)
