@@ -9,7 +9,10 @@ from safetensors import safe_open
 
 from flowgrpo.modeling.models import tiny_model
 from flowgrpo.runs.checkpoint import (
+    _HEADROOM,
     CheckpointError,
+    CheckpointWriteError,
+    latest_checkpoint,
     load_checkpoint,
     policy_state_dict,
     read_checkpoint,
@@ -107,3 +110,45 @@ def test_a_run_whose_checkpoints_vanished_refuses_to_restart_into_its_logs(tmp_p
     moved = list((tmp_path / "run").glob("discarded-*"))
     assert len(moved) == 1 and (moved[0] / "metrics.jsonl").is_file()
     assert (moved[0] / "trajectories" / "step_000001.jsonl").is_file()
+
+
+def _no_room(monkeypatch, free: int) -> None:
+    import shutil
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: SimpleNamespace(total=10**12, used=0, free=free))
+
+
+def test_a_disk_too_full_for_the_next_checkpoint_says_so_before_writing_and_keeps_the_last(
+    tmp_path, monkeypatch
+):
+    model, _ = tiny_model()
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.tensor([[1, 2, 3]])).logits.sum().backward()
+    optimizer.step()  # two moments per parameter: the optimizer state is twice the policy
+    first = save_checkpoint(tmp_path, 1, model=model, optimizer_state=optimizer.state_dict())
+    policy_bytes = sum(t.numel() * t.element_size() for t in policy_state_dict(model).values())
+    # room for the policy and its moments (3x) less one byte, plus the fixed headroom for headers
+    _no_room(monkeypatch, free=_HEADROOM + 3 * policy_bytes - 1)
+    with pytest.raises(CheckpointWriteError) as err:
+        save_checkpoint(tmp_path, 2, model=model, optimizer_state=optimizer.state_dict())
+    msg = str(err.value)
+    assert "\n" not in msg and "step_000002" in msg and "not enough free space" in msg
+    assert f"the latest complete checkpoint, {first}, is intact" in msg and "run.resume=true" in msg
+    assert latest_checkpoint(tmp_path) == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_000001"]  # no partial directory
+    assert save_checkpoint(tmp_path, 2, model=model).name == "step_000002"  # the policy alone fits
+
+
+def test_a_write_that_fails_midway_names_the_cause_and_leaves_no_partial_checkpoint(tmp_path, monkeypatch):
+    model, _ = tiny_model()
+
+    def full_disk(obj, path):  # what torch.save raises when the disk fills under it
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 1024 vs 977")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(CheckpointWriteError) as err:
+        save_checkpoint(tmp_path, 1, model=model)
+    msg = str(err.value)
+    assert "\n" not in msg and "unexpected pos 1024" in msg and "there is no earlier checkpoint" in msg
+    assert latest_checkpoint(tmp_path) is None and list(tmp_path.iterdir()) == []

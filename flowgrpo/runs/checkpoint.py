@@ -15,7 +15,9 @@ checkpoint holds a :class:`ReferencePointer` to it. For SmolLM2-135M that makes 
 1.6 GB instead of the 2.15 GB of one ``state.pt`` holding model, optimizer and reference.
 
 A checkpoint is written to a temporary directory and renamed into place, then ``latest`` is updated,
-so a run killed while saving leaves the previous checkpoint intact. A checkpoint that cannot be read
+so a run killed while saving leaves the previous checkpoint intact. Before writing, the free space is
+checked against the tensors' size: a disk that cannot hold the checkpoint stops the run with a
+:class:`CheckpointWriteError` that says so, instead of a serializer's error from a truncated file. A checkpoint that cannot be read
 (empty, truncated, corrupt) raises :class:`CheckpointError`, one line naming the file;
 :func:`resume_candidates` lists the older ones a caller may fall back to.
 """
@@ -27,6 +29,8 @@ import os
 import random
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -48,7 +52,14 @@ FORMAT = 2  # 1: one state.pt with model, optimizer (and reference) state dicts 
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be read; the message is one line naming the file and the cause."""
+    """A checkpoint that cannot be read or written; the message is one line naming the file and the
+    cause."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint that could not be written, most often for want of disk space. The message names
+    the space needed and free, and the checkpoint a resume would start from: the atomic write leaves
+    that one intact, so freeing space and resuming loses nothing before it."""
 
 
 class MissingCheckpointError(FileNotFoundError):
@@ -175,6 +186,53 @@ def _dir_size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
 
 
+_HEADROOM = 64 * 2**20  # headers, pickle framing, state.pt: well under this for any model
+
+
+def _tensor_bytes(obj: Any) -> int:
+    """Bytes of every tensor in ``obj`` (nested dicts, lists, tuples): what writing it needs."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
+
+
+def _intact(root: Path) -> str:
+    latest = latest_checkpoint(root)
+    if latest is None:
+        return "there is no earlier checkpoint"
+    return f"the latest complete checkpoint, {latest}, is intact"
+
+
+def _write_error(root: Path, target: Path, needed: int, cause: str) -> CheckpointWriteError:
+    free = shutil.disk_usage(root).free
+    return CheckpointWriteError(
+        f"could not write {target} ({cause}): it needs {needed / 1e9:.2f} GB and {root} has "
+        f"{free / 1e9:.2f} GB free; {_intact(root)}. Free space (other runs' checkpoints, a lower "
+        "run.keep_last) and continue with --set run.resume=true"
+    )
+
+
+@contextmanager
+def _guarded_write(root: Path, target: Path, tensors: Any) -> Iterator[Path]:
+    """An :func:`atomic_directory` for ``target`` that first checks ``root``'s disk can hold
+    ``tensors``, and turns a failed write into a :class:`CheckpointWriteError`."""
+    root.mkdir(parents=True, exist_ok=True)
+    needed = _tensor_bytes(tensors) + _HEADROOM
+    if shutil.disk_usage(root).free < needed:
+        raise _write_error(root, target, needed, "not enough free space")
+    try:
+        with atomic_directory(target) as tmp:
+            yield tmp
+    except (OSError, RuntimeError) as e:  # ENOSPC, a quota; torch.save's "unexpected pos"
+        if isinstance(e, CheckpointError):
+            raise
+        raise _write_error(root, target, needed, f"{type(e).__name__}: {_first_line(e)}") from e
+
+
 # ---------------------------------------------------------------------------------------------
 # Writing and reading
 
@@ -183,8 +241,9 @@ def write_reference(root: str | os.PathLike, model: torch.nn.Module) -> Referenc
     """Write ``model``'s tensors once to ``root/reference/model.safetensors`` (atomically) and return
     the pointer the checkpoints of the run carry."""
     target = Path(root) / REFERENCE_FILE
-    with atomic_directory(target.parent) as tmp:
-        _save_tensors(policy_state_dict(model), tmp / POLICY_FILE)
+    tensors = policy_state_dict(model)
+    with _guarded_write(Path(root), target.parent, tensors) as tmp:
+        _save_tensors(tensors, tmp / POLICY_FILE)
     log.info("wrote the reference model to %s", target)
     return ReferencePointer(kind="file", path=REFERENCE_FILE.as_posix())
 
@@ -223,8 +282,9 @@ def save_checkpoint(
         "reference": reference.model_dump() if reference is not None else None,
         "extra": extra or {},
     }
-    with atomic_directory(final) as tmp:
-        _save_tensors(policy_state_dict(model), tmp / POLICY_FILE)
+    policy = policy_state_dict(model)
+    with _guarded_write(root, final, (policy, optimizer_state)) as tmp:
+        _save_tensors(policy, tmp / POLICY_FILE)
         if optimizer_state is not None:
             torch.save(optimizer_state, tmp / OPTIMIZER_FILE)
         torch.save(state, tmp / STATE_FILE)  # last: its presence marks a complete directory
