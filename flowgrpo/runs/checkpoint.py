@@ -17,9 +17,9 @@ checkpoint holds a :class:`ReferencePointer` to it. For SmolLM2-135M that makes 
 A checkpoint is written to a temporary directory and renamed into place, then ``latest`` is updated,
 so a run killed while saving leaves the previous checkpoint intact. Before writing, the free space is
 checked against the tensors' size: a disk that cannot hold the checkpoint stops the run with a
-:class:`CheckpointWriteError` that says so, instead of a serializer's error from a truncated file. A checkpoint that cannot be read
-(empty, truncated, corrupt) raises :class:`CheckpointError`, one line naming the file;
-:func:`resume_candidates` lists the older ones a caller may fall back to.
+:class:`CheckpointWriteError` that says so, instead of a serializer's error from a truncated file.
+A checkpoint that cannot be read (empty, truncated, corrupt) raises :class:`CheckpointError`, one
+line naming the file; :func:`resume_candidates` lists the older ones a caller may fall back to.
 """
 
 from __future__ import annotations
