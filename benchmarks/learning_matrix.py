@@ -237,9 +237,12 @@ class Arm:
         self.cmp: PairedComparison = paired_difference(self.a, self.b)
         curve = [e for e in evals if e.label.startswith("step") and e is not self.final]
         self.curve = [(e.label, e.accuracy, e.n) for e in curve]
-        self.steps_evaluated = {
-            e.step: e for e in evals if e.label.startswith("step") and e.n == self.final.n
-        }
+        # step -> its widest evaluation: a curve on the first 200 tasks pairs with a final on 500
+        self.steps_evaluated: dict[int, EvalResult] = {}
+        for e in evals:
+            wider = e.step not in self.steps_evaluated or e.n > self.steps_evaluated[e.step].n
+            if e.label.startswith("step") and wider:
+                self.steps_evaluated[e.step] = e
         mfile = out / "machine.json"
         self.machine = json.loads(mfile.read_text()) if mfile.is_file() else {}
         wall = out / "wall.json"
@@ -357,12 +360,13 @@ def versus_short(rows: list[tuple[str, Arm]], short: dict[str, Arm]) -> str:
 
 
 def versus_step(rows: list[tuple[str, Arm]], step: int) -> str:
-    """Each arm's final checkpoint against its own evaluation at ``step`` (same run, same tasks), and
-    the pooled test over the arms that have one: does running on from ``step`` end at or above it?
-    Arms resumed from a shorter run carry that run's evaluations, so ``step`` can be the short run's
-    end. The peak column is the curve's highest evaluation of the final's n and how far the final
-    sits below it: a spike and decay shows there. The peak is picked after the fact, so it gets no
-    p-value."""
+    """Each arm's final checkpoint against its own evaluation at ``step`` (same run), paired on the
+    tasks both evaluated (all of them, or the first ``run.eval_n`` when the curve is narrower than the
+    final), and the pooled test over the arms that have one: does running on from ``step`` end at or
+    above it? Arms resumed from a shorter run carry that run's evaluations, so ``step`` can be the
+    short run's end. The peak column is the curve's highest evaluation on those tasks and how far the
+    final sits below it there: a spike and decay shows there. The peak is picked after the fact, so
+    it gets no p-value."""
     head = (
         f"| arm | step {step} | after RL | difference [95% CI] | p | peak of the curve | final - peak |\n"
         "|---|---|---|---|---|---|---|\n"
@@ -376,10 +380,17 @@ def versus_step(rows: list[tuple[str, Arm]], step: int) -> str:
         a += xa
         b += xb
         c = paired_difference(xa, xb)
-        peak = max(arm.steps_evaluated.values(), key=lambda e: (e.accuracy, -e.step))
+        shared = [t for t in short.per_task if t in arm.final.per_task]
+        on_shared = {  # step -> accuracy on the paired tasks, for every evaluation that holds them all
+            s: sum(e.outcomes(shared)) / (len(shared) * e.samples)
+            for s, e in arm.steps_evaluated.items()
+            if all(t in e.per_task for t in shared)
+        }
+        peak = max(on_shared, key=lambda s: (on_shared[s], -s))
+        n = f" (n={len(shared)})" if len(shared) < arm.final.n else ""
         lines.append(
-            f"| {name} | {c.accuracy_a:.3f} | {c.accuracy_b:.3f} (step {arm.final.step}) | {difference_cells(c)} | "
-            f"{peak.accuracy:.3f} (step {peak.step}) | {100 * (arm.final.accuracy - peak.accuracy):+.1f} |"
+            f"| {name} | {c.accuracy_a:.3f}{n} | {c.accuracy_b:.3f} (step {arm.final.step}) | {difference_cells(c)} | "
+            f"{on_shared[peak]:.3f} (step {peak}) | {100 * (c.accuracy_b - on_shared[peak]):+.1f} |"
         )
     if len(lines) > 1:
         pooled = paired_difference(a, b)
@@ -523,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.versus_step is not None:
         vs_step = versus_step(rows, args.versus_step)
         print(f"\nafter RL against each arm's own step {args.versus_step}, same tasks\n")
-        print(vs_step or f"no arm has an evaluation at step {args.versus_step} of its final's n")
+        print(vs_step or f"no arm has an evaluation at step {args.versus_step}")
     if missing:
         print(f"\nnot run yet: {', '.join(missing)} (add --run)")
     return 0 if rows else 1

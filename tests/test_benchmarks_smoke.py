@@ -451,6 +451,15 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
     assert "fp32-seed2-steps15" not in rows
     assert main([*argv[:-1], "7"]) == 0
     assert "no arm has an evaluation at step 7" in capsys.readouterr().out
+    # a curve narrower than the final (the first run.eval_n tasks) pairs on the tasks both evaluated
+    arm("fp32-seed2-steps15", [0, 0, 0, 0], [1, 0, 1, 1], curve=[1, 1], final_step=15)
+    assert main(argv) == 0
+    vs = capsys.readouterr().out.split("against each arm's own step 2, same tasks")[1]
+    rows = {r.split(" | ")[0].lstrip("| "): r.split(" | ") for r in vs.splitlines() if r.startswith("| ")}
+    s2 = rows["fp32-seed2-steps15"]
+    assert s2[1:3] == ["1.000 (n=2)", "0.500 (step 15)"] and s2[3].startswith("-50.0 [") and s2[4] == "1"
+    assert s2[5:] == ["1.000 (step 2)", "-50.0 |"]  # the peak and the final on the same two tasks
+    assert "**pooled** (3 arms, n=12)" in rows
 
     # --label: a recipe variant's arm has a name of its own and is paired with the config's run
     arm("fp32-seed0-steps15-anchored", [1, 0, 0, 0, 1, 1], [0, 1, 1, 0, 0, 0], final_step=15)
