@@ -60,6 +60,7 @@ import yaml
 
 from flowgrpo.algorithms.stats import PairedComparison, paired_difference
 from flowgrpo.config import parse_override
+from flowgrpo.modeling.hardware import cuda_available, fast_bf16
 from flowgrpo.runs.checkpoint import checkpoint_step
 from flowgrpo.runs.evaluation import EvalResult
 from flowgrpo.runs.rundir import RunDir
@@ -77,6 +78,8 @@ PRECISIONS: dict[str, list[str]] = {
 config's rules for this machine)."""
 
 CPU_FLAGS_SHOWN = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+BF16_PATHS = ("bf16", "bf16-sampling")
+"""The paths that compute in bf16: issue-27-style claims compare them only where bf16 is native."""
 
 
 def machine() -> dict[str, Any]:
@@ -449,6 +452,12 @@ def main(argv: list[str] | None = None) -> int:
         "a run continued past STEP (run.resume=true with more train.steps) against where it stood",
     )
     ap.add_argument(
+        "--allow-emulated",
+        action="store_true",
+        help="run bf16 arms on a machine without native bf16 (a CPU without avx512_bf16/AMX), where "
+        "decoding is emulated and several times slower; refused without this flag",
+    )
+    ap.add_argument(
         "--keep-checkpoints",
         action="store_true",
         help="keep the checkpoints of the arms this command runs (default: delete them once evaluated, "
@@ -474,6 +483,16 @@ def main(argv: list[str] | None = None) -> int:
                     todo.append((name, out, precision, seed))
                 else:
                     missing.append(name)
+
+    emulated = sorted({p for _, _, p, _ in todo if p in BF16_PATHS})
+    if emulated and not args.allow_emulated and not fast_bf16("cuda" if cuda_available() else "cpu"):
+        print(
+            f"--precision {' '.join(emulated)}: this machine ({machine_label(machine())}) has no native bf16, "
+            "so those arms would sample under emulation, several times slower, on a numeric path that says "
+            "nothing about where bf16 is native. Run --precision fp32 (or auto) here, or add --allow-emulated",
+            file=sys.stderr,
+        )
+        return 2
 
     def run_one(item: tuple[str, Path, str, int]) -> int | None:
         _, out, precision, seed = item

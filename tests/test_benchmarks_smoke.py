@@ -484,6 +484,15 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
         return 0
 
     monkeypatch.setattr(lm, "run_arm", fake_train)
+    # a bf16 arm where bf16 is emulated is refused before anything runs, unless asked for
+    monkeypatch.setattr(lm, "fast_bf16", lambda device: False)
+    bf16 = ["--seeds", "12", "--precision", "bf16-sampling", "--root", str(tmp_path), "--run"]
+    emulated_arm = tmp_path / "calculator_agent" / "bf16-sampling-seed12"
+    assert main(bf16) == 2
+    assert "has no native bf16" in capsys.readouterr().err and not emulated_arm.exists()
+    assert main([*bf16, "--allow-emulated"]) == 0 and (emulated_arm / "eval.jsonl").is_file()
+    monkeypatch.setattr(lm, "fast_bf16", lambda device: True)
+    assert main(["--seeds", "13", "--precision", "bf16", "--root", str(tmp_path), "--run"]) == 0
     assert main(["--seeds", "3", "4", "--precision", "fp16", "--root", str(tmp_path), "--run"]) == 0
     out = capsys.readouterr().out
     arms = tmp_path / "calculator_agent"
