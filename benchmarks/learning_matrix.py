@@ -79,7 +79,7 @@ config's rules for this machine)."""
 
 CPU_FLAGS_SHOWN = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 BF16_PATHS = ("bf16", "bf16-sampling")
-"""The paths that compute in bf16: issue-27-style claims compare them only where bf16 is native."""
+"""The paths that compute in bf16: the matrix measures them only where bf16 is native."""
 
 
 def machine() -> dict[str, Any]:
