@@ -60,7 +60,7 @@ import yaml
 
 from flowgrpo.algorithms.stats import PairedComparison, paired_difference
 from flowgrpo.config import parse_override
-from flowgrpo.modeling.hardware import cuda_available, fast_bf16
+from flowgrpo.modeling.hardware import fast_bf16, resolve_device
 from flowgrpo.runs.checkpoint import checkpoint_step
 from flowgrpo.runs.evaluation import EvalResult
 from flowgrpo.runs.rundir import RunDir
@@ -218,10 +218,15 @@ def prune_checkpoints(out: Path) -> int:
     return freed
 
 
+def shared_tasks(a: EvalResult, b: EvalResult) -> list[str]:
+    """The task ids both evaluations hold, in ``a``'s order."""
+    return [t for t in a.per_task if t in b.per_task]
+
+
 def paired_outcomes(a: EvalResult, b: EvalResult) -> tuple[list[int], list[int]]:
     """Per-task outcomes of two evaluations on the tasks both hold, in ``a``'s order: the pairs of
     one paired test, which pooled tests concatenate across arms."""
-    shared = [t for t in a.per_task if t in b.per_task]
+    shared = shared_tasks(a, b)
     return a.outcomes(shared), b.outcomes(shared)
 
 
@@ -379,11 +384,11 @@ def versus_step(rows: list[tuple[str, Arm]], step: int) -> str:
         short = arm.steps_evaluated.get(step)
         if short is None or short is arm.final:
             continue
-        xa, xb = paired_outcomes(short, arm.final)
+        shared = shared_tasks(short, arm.final)
+        xa, xb = short.outcomes(shared), arm.final.outcomes(shared)
         a += xa
         b += xb
         c = paired_difference(xa, xb)
-        shared = [t for t in short.per_task if t in arm.final.per_task]
         on_shared = {  # step -> accuracy on the paired tasks, for every evaluation that holds them all
             s: sum(e.outcomes(shared)) / (len(shared) * e.samples)
             for s, e in arm.steps_evaluated.items()
@@ -485,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
                     missing.append(name)
 
     emulated = sorted({p for _, _, p, _ in todo if p in BF16_PATHS})
-    if emulated and not args.allow_emulated and not fast_bf16("cuda" if cuda_available() else "cpu"):
+    if emulated and not args.allow_emulated and not fast_bf16(resolve_device("auto").type):
         print(
             f"--precision {' '.join(emulated)}: this machine ({machine_label(machine())}) has no native bf16, "
             "so those arms would sample under emulation, several times slower, on a numeric path that says "
