@@ -201,31 +201,6 @@ def matmul_peak(dtype: str = "bfloat16", n: int = 2048, iters: int = 6, device: 
     return 2 * n**3 / best
 
 
-def cpu_flags() -> set[str]:
-    """The CPU feature flags from ``/proc/cpuinfo`` (empty where it does not exist)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def bf16_supported(device: str = "cpu") -> bool:
-    """Whether bf16 matmuls are fast here: any CUDA GPU, or a CPU with ``avx512_bf16`` / AMX.
-
-    Without them (an AVX2-only CPU) PyTorch falls back to a slow bf16 path: measured 0.2 GFLOP/s
-    against 58 GFLOP/s fp32 on an AVX2 EPYC VM, so bf16 weights or autocast would be ~300x slower
-    there. The benchmarks then run fp32 and say so.
-    """
-    if str(device).startswith("cuda"):
-        return True
-    flags = cpu_flags()
-    return bool({"avx512_bf16", "amx_bf16"} & flags)
-
-
 def sync(device: str | Any) -> None:
     """Wait for queued GPU work (no-op on CPU) so wall-clock timings are real."""
     import torch
@@ -235,18 +210,16 @@ def sync(device: str | Any) -> None:
 
 
 def machine_info() -> dict[str, Any]:
-    """CPU model (from ``lscpu``), cores, torch/transformers versions, and GPU name when present."""
-    info: dict[str, Any] = {"python": platform.python_version(), "cores": os.cpu_count()}
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-            if line.startswith("Flags:"):
-                info["avx512_bf16"] = "avx512_bf16" in line
-                info["avx512f"] = "avx512f" in line
-    except (OSError, subprocess.SubprocessError):
-        info["cpu"] = platform.processor() or "unknown"
+    """CPU model and its precision flags, cores, torch/transformers versions, GPU name when present."""
+    from flowgrpo.modeling.hardware import NUMERIC_CPU_FLAGS, cpu_flags, cpu_model
+
+    flags = cpu_flags()
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "cores": os.cpu_count(),
+        "cpu": cpu_model(),
+        "cpu_flags": [f for f in NUMERIC_CPU_FLAGS if f in flags],
+    }
     try:
         import torch
         import transformers

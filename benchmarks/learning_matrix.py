@@ -45,7 +45,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import shutil
 import signal
 import subprocess
@@ -60,7 +59,7 @@ import yaml
 
 from flowgrpo.algorithms.stats import PairedComparison, paired_difference
 from flowgrpo.config import parse_override
-from flowgrpo.modeling.hardware import fast_bf16, resolve_device
+from flowgrpo.modeling.hardware import NUMERIC_CPU_FLAGS, cpu_flags, cpu_model, fast_bf16, resolve_device
 from flowgrpo.runs.checkpoint import checkpoint_step
 from flowgrpo.runs.evaluation import EvalResult
 from flowgrpo.runs.rundir import RunDir
@@ -77,7 +76,6 @@ PRECISIONS: dict[str, list[str]] = {
 (``algorithm.tis: auto`` then corrects the sampler/trainer gap wherever they differ; ``auto``: the
 config's rules for this machine)."""
 
-CPU_FLAGS_SHOWN = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 BF16_PATHS = ("bf16", "bf16-sampling")
 """The paths that compute in bf16: the matrix measures them only where bf16 is native."""
 
@@ -86,17 +84,10 @@ def machine() -> dict[str, Any]:
     """What an arm ran on, for the table's machine column."""
     import torch
 
-    info: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            info.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    flags = set(info.get("flags", "").split())
+    flags = cpu_flags()
     return {
-        "cpu": info.get("model name", platform.machine()),
-        "cpu_flags": [f for f in CPU_FLAGS_SHOWN if f in flags],
+        "cpu": cpu_model(),
+        "cpu_flags": [f for f in NUMERIC_CPU_FLAGS if f in flags],
         "cores": os.cpu_count(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "torch": torch.__version__,

@@ -52,7 +52,7 @@ import torch
 from flowgrpo.algorithms.loss import sampler_ratio_stats
 from flowgrpo.chat.format import ChatFormat
 from flowgrpo.env import BaseEnvironment, StepResult
-from flowgrpo.modeling.hardware import resolve_autocast
+from flowgrpo.modeling.hardware import cpu_flags, resolve_autocast
 from flowgrpo.modeling.logprobs import action_logprobs, autocast_context
 from flowgrpo.modeling.models import load_model, tiny_model
 from flowgrpo.rollout.backends.base import SamplingParams
@@ -419,7 +419,7 @@ def bench_precision(model, tok, n, new, reps, modes, update_rows, update_len):
             lp, _ = action_logprobs(model, ids, attn, mask, autocast_dtype=autocast)
         ratio[m] = sampler_ratio_stats(lp, sampler, mask)
         ratio[m]["update_s"] = upd[key]
-    flags = sorted(f for f in ("avx512_bf16", "amx_bf16", "avx512_fp16") if f in _cpu_flags())
+    flags = sorted(f for f in ("avx512_bf16", "amx_bf16", "avx512_fp16") if f in cpu_flags())
     where = (
         torch.cuda.get_device_name(model.device)
         if model.device.type == "cuda"
@@ -442,12 +442,6 @@ def bench_precision(model, tok, n, new, reps, modes, update_rows, update_len):
         f"(update: {update_rows} x {update_len} tokens, half trained; ratio: exp(trainer - sampler logprob) over "
         f"{int(ratio[modes[0]]['tokens'])}+ sampled tokens, before any update)"
     )
-
-
-def _cpu_flags() -> frozenset[str]:
-    from flowgrpo.modeling.hardware import cpu_flags
-
-    return cpu_flags()
 
 
 def main() -> None:

@@ -264,15 +264,15 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     set_threads(a.threads)
-    from benchmarks._common import bf16_supported
+    from flowgrpo.modeling.hardware import fast_bf16
 
-    fast_bf16 = bf16_supported(a.device)
+    native_bf16 = fast_bf16(a.device)
     if a.configs:
         names = a.configs.split(",")
     elif a.quick:
-        names = QUICK if fast_bf16 else QUICK_FP32
+        names = QUICK if native_bf16 else QUICK_FP32
     else:
-        names = default_configs(fast_bf16)
+        names = default_configs(native_bf16)
     reps = 2 if a.quick else a.reps
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
@@ -280,12 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     info = machine_info()
     # A slow bf16 fallback (AVX2-only CPU) would take minutes at 2048^3: measure it smaller there.
     peak_bf16 = matmul_peak(
-        "bfloat16", n=2048 if fast_bf16 else 256, iters=6 if fast_bf16 else 1, device=a.device
+        "bfloat16", n=2048 if native_bf16 else 256, iters=6 if native_bf16 else 1, device=a.device
     )
     peak_fp32 = matmul_peak("float32", device=a.device)
     print(
         f"machine: {info.get('cpu') or info.get('gpu')}, {torch.get_num_threads()} threads; matmul peak "
-        f"bf16 {peak_bf16 / 1e9:.1f} GFLOP/s, fp32 {peak_fp32 / 1e9:.0f} GFLOP/s (fast bf16: {fast_bf16})",
+        f"bf16 {peak_bf16 / 1e9:.1f} GFLOP/s, fp32 {peak_fp32 / 1e9:.0f} GFLOP/s (fast bf16: {native_bf16})",
         flush=True,
     )
     results = []

@@ -73,7 +73,6 @@ if __package__ in (None, ""):  # `python benchmarks/vs_trl.py` as well as `pytho
 
 from benchmarks._common import (
     ChildResult,
-    bf16_supported,
     child_env,
     fmt_table,
     load_policy,
@@ -576,12 +575,14 @@ def main(argv: list[str] | None = None) -> int:
         a.rounds, a.steps = 1, 2
         if a.task == "all":
             a.task = "single"
-    fast_bf16 = bf16_supported(a.device)
+    from flowgrpo.modeling.hardware import fast_bf16
+
+    native_bf16 = fast_bf16(a.device)
     if a.precision == "auto":
-        precs = (["bf16"] if a.quick else ["bf16", "amp"]) if fast_bf16 else ["fp32"]
+        precs = (["bf16"] if a.quick else ["bf16", "amp"]) if native_bf16 else ["fp32"]
     else:
         precs = ["fp32", "bf16", "amp"] if a.precision == "all" else [a.precision]
-    if not fast_bf16 and any(p_ in ("bf16", "amp") for p_ in precs):
+    if not native_bf16 and any(p_ in ("bf16", "amp") for p_ in precs):
         print(
             "warning: this CPU has no avx512_bf16/AMX: bf16 matmuls take a slow fallback path here; "
             "bf16/amp figures will be dominated by it (use --precision fp32)"

@@ -38,6 +38,23 @@ def test_cpu_flags_reads_this_machine():
     assert hardware.fast_bf16("cpu") == any(f in flags for f in ("avx512_bf16", "amx_bf16"))
 
 
+def test_cpu_model_and_flags_come_from_cpuinfo(tmp_path, monkeypatch):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu avx2 avx512f avx512_bf16\n\n"
+        "processor\t: 1\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu avx2 avx512f avx512_bf16\n"
+    )
+    real_path = hardware.Path
+    monkeypatch.setattr(hardware, "Path", lambda p: real_path(cpuinfo) if p == "/proc/cpuinfo" else real_path(p))
+    hardware.cpu_flags.cache_clear()
+    try:
+        assert hardware.cpu_model() == "AMD EPYC 7B13"
+        assert hardware.cpu_flags() == {"fpu", "avx2", "avx512f", "avx512_bf16"}
+        assert hardware.fast_bf16("cpu")
+    finally:
+        hardware.cpu_flags.cache_clear()
+
+
 def test_auto_update_precision_is_fp32_on_cuda_until_measured():
     assert hardware.resolve_autocast("auto", "cuda") is None
     assert hardware.resolve_autocast("auto", "cuda:1") is None

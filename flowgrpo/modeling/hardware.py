@@ -159,17 +159,34 @@ def resolve_device(setting: str | None = "auto") -> torch.device:
     return torch.device("cuda", index)
 
 
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The CPU feature flags from /proc/cpuinfo (empty where that file does not exist)."""
+NUMERIC_CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_fp16")
+"""The CPU flags that decide which precisions run natively: what a figure's machine line names."""
+
+
+def _cpuinfo_field(*keys: str) -> str | None:
+    """The first /proc/cpuinfo value under one of ``keys`` (None where there is none, or no file)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return frozenset()
+        return None
     for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
+        key, _, value = line.partition(":")
+        if key.strip() in keys:
+            return value.strip()
+    return None
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU feature flags from /proc/cpuinfo (empty where that file does not exist)."""
+    return frozenset((_cpuinfo_field("flags", "Features") or "").split())
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (the platform's machine type where it has none)."""
+    import platform
+
+    return _cpuinfo_field("model name") or platform.processor() or platform.machine()
 
 
 def device_kind(device: str | None = None) -> str:
