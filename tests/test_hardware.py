@@ -45,7 +45,9 @@ def test_cpu_model_and_flags_come_from_cpuinfo(tmp_path, monkeypatch):
         "processor\t: 1\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu avx2 avx512f avx512_bf16\n"
     )
     real_path = hardware.Path
-    monkeypatch.setattr(hardware, "Path", lambda p: real_path(cpuinfo) if p == "/proc/cpuinfo" else real_path(p))
+    monkeypatch.setattr(
+        hardware, "Path", lambda p: real_path(cpuinfo) if p == "/proc/cpuinfo" else real_path(p)
+    )
     hardware.cpu_flags.cache_clear()
     try:
         assert hardware.cpu_model() == "AMD EPYC 7B13"
