@@ -57,9 +57,10 @@ from typing import Any
 
 import yaml
 
+from benchmarks._common import machine_info
 from flowgrpo.algorithms.stats import PairedComparison, paired_difference
 from flowgrpo.config import parse_override
-from flowgrpo.modeling.hardware import NUMERIC_CPU_FLAGS, cpu_flags, cpu_model, fast_bf16, resolve_device
+from flowgrpo.modeling.hardware import fast_bf16, resolve_device
 from flowgrpo.runs.checkpoint import checkpoint_step
 from flowgrpo.runs.evaluation import EvalResult
 from flowgrpo.runs.rundir import RunDir
@@ -78,20 +79,6 @@ config's rules for this machine)."""
 
 BF16_PATHS = ("bf16", "bf16-sampling")
 """The paths that compute in bf16: the matrix measures them only where bf16 is native."""
-
-
-def machine() -> dict[str, Any]:
-    """What an arm ran on, for the table's machine column."""
-    import torch
-
-    flags = cpu_flags()
-    return {
-        "cpu": cpu_model(),
-        "cpu_flags": [f for f in NUMERIC_CPU_FLAGS if f in flags],
-        "cores": os.cpu_count(),
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "torch": torch.__version__,
-    }
 
 
 def machine_label(m: dict[str, Any]) -> str:
@@ -120,7 +107,7 @@ def run_arm(
     """The main job for one arm, in its own process (a crash or a kill loses only this arm);
     ``stop_at``: see :func:`run_logged`."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "machine.json").write_text(json.dumps(machine(), indent=1))
+    (out / "machine.json").write_text(json.dumps(machine_info(), indent=1))
     sets = [
         *PRECISIONS[precision],
         f"train.seed={seed}",
@@ -483,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     emulated = sorted({p for _, _, p, _ in todo if p in BF16_PATHS})
     if emulated and not args.allow_emulated and not fast_bf16(resolve_device("auto").type):
         print(
-            f"--precision {' '.join(emulated)}: this machine ({machine_label(machine())}) has no native bf16, "
+            f"--precision {' '.join(emulated)}: this machine ({machine_label(machine_info())}) has no native bf16, "
             "so those arms would sample under emulation, several times slower, on a numeric path that says "
             "nothing about where bf16 is native. Run --precision fp32 (or auto) here, or add --allow-emulated",
             file=sys.stderr,
