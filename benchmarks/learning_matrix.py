@@ -18,6 +18,7 @@ in every seed and on every numeric path, and does it hold when the run is longer
     python -m benchmarks.learning_matrix ... --steps 15 --label anchored \
         --set train.lr_schedule=cosine --set algorithm.kl_coef=0.05  # a recipe variant, in arms of its
                                                          # own name, paired with the config's arms
+                                                         # (and with its 15-step arms where run)
 
 An arm is the README's main job, unchanged but for its seed and precision: ``flowgrpo train CONFIG
 --set train.seed=S --set model.autocast=... --eval-n N`` in a process of its own, writing
@@ -522,16 +523,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.per_step and (signals := signals_table(rows)):
         print("\nper RL step, from each arm's metrics.jsonl (first minibatch's sampler ratio)\n")
         print(signals)
-    if args.steps or args.label:
+    # a longer or relabelled arm against the config's own run; a labelled longer arm also against
+    # the config's run of its own length, the control that isolates the variant's --set overrides
+    what = " ".join(filter(None, [f"{args.steps}-step" if args.steps else "", args.label]))
+    baselines: list[int | None] = [None] if args.steps or args.label else []
+    if args.steps and args.label:
+        baselines.append(args.steps)
+    for steps in baselines:
         short: dict[str, Arm] = {}
         for precision in args.precision:
             for seed in args.seeds:
                 with contextlib.suppress(OSError, ValueError):
                     name = arm_name(precision, seed, args.steps, args.label)
-                    short[name] = Arm(base / arm_name(precision, seed, None))
+                    short[name] = Arm(base / arm_name(precision, seed, steps))
         if vs := versus_short(rows, short):
-            what = " ".join(filter(None, [f"{args.steps}-step" if args.steps else "", args.label]))
-            print(f"\nthe {what} arms against the config's own run, final vs final, same tasks\n")
+            run = f"{steps}-step run" if steps else "run"
+            print(f"\nthe {what} arms against the config's own {run}, final vs final, same tasks\n")
             print(vs)
     if args.versus_step is not None:
         vs_step = versus_step(rows, args.versus_step)

@@ -470,6 +470,11 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
     row = next(r for r in vs.splitlines() if r.startswith("| fp32-seed0-steps15-anchored")).split(" | ")
     assert row[1:3] == ["0.833 (step 3)", "0.333 (step 15)"] and row[3].startswith("-50.0 [")
     assert row[4] == "0.25 |"  # three tasks broken, none fixed: exact McNemar p = 2 / 8
+    # ... and with the config's own run of the same length, the control for its overrides
+    vs = out.split("the 15-step anchored arms against the config's own 15-step run")[1]
+    row = next(r for r in vs.splitlines() if r.startswith("| fp32-seed0-steps15-anchored")).split(" | ")
+    assert row[1:3] == ["0.833 (step 15)", "0.333 (step 15)"] and row[3].startswith("-50.0 [")
+    assert row[4] == "0.25 |"
 
     # --run: a finished arm's checkpoints are deleted once its evaluations are read back (the table
     # needs only eval.jsonl); a failed arm keeps them; --keep-checkpoints keeps them all
