@@ -333,17 +333,20 @@ def versus_short(rows: list[tuple[str, Arm]], short: dict[str, Arm]) -> str:
         "| arm | config's run: after RL | this arm: after RL | difference [95% CI] | p |\n"
         "|---|---|---|---|---|\n"
     )
-    lines = []
+    lines, a, b = [], [], []
     for name, arm in rows:
         base = short.get(name)
         if base is None:
             continue
-        c = paired_difference(*paired_outcomes(base.final, arm.final))
+        xa, xb = paired_outcomes(base.final, arm.final)
+        a += xa
+        b += xb
+        c = paired_difference(xa, xb)
         lines.append(
             f"| {name} | {c.accuracy_a:.3f} (step {base.final.step}) | {c.accuracy_b:.3f} (step {arm.final.step}) | "
             f"{difference_cells(c)} |"
         )
-    return head + "\n".join(lines) if lines else ""
+    return head + "\n".join(with_pooled(lines, a, b, empty_cells=0)) if lines else ""
 
 
 def versus_step(rows: list[tuple[str, Arm]], step: int) -> str:
@@ -379,13 +382,21 @@ def versus_step(rows: list[tuple[str, Arm]], step: int) -> str:
             f"| {name} | {c.accuracy_a:.3f}{n} | {c.accuracy_b:.3f} (step {arm.final.step}) | {difference_cells(c)} | "
             f"{on_shared[peak]:.3f} (step {peak}) | {100 * (c.accuracy_b - on_shared[peak]):+.1f} |"
         )
-    if len(lines) > 1:
-        pooled = paired_difference(a, b)
-        lines.append(
-            f"| **pooled** ({len(lines)} arms, n={pooled.n}) | {pooled.accuracy_a:.3f} | {pooled.accuracy_b:.3f} | "
-            f"{difference_cells(pooled)} | | |"
-        )
-    return head + "\n".join(lines) if lines else ""
+    return head + "\n".join(with_pooled(lines, a, b, empty_cells=2)) if lines else ""
+
+
+def with_pooled(lines: list[str], a: list[int], b: list[int], empty_cells: int) -> list[str]:
+    """The table's rows, and below them, when there are two or more, the pooled test of their
+    concatenated paired outcomes ``a`` and ``b`` (see the module docstring), with ``empty_cells``
+    blank columns after the p-value."""
+    if len(lines) < 2:
+        return lines
+    pooled = paired_difference(a, b)
+    return [
+        *lines,
+        f"| **pooled** ({len(lines)} arms, n={pooled.n}) | {pooled.accuracy_a:.3f} | {pooled.accuracy_b:.3f} | "
+        f"{difference_cells(pooled)} |" + " |" * empty_cells,
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
