@@ -327,8 +327,8 @@ def signals_table(rows: list[tuple[str, Arm]]) -> str:
 
 def versus_short(rows: list[tuple[str, Arm]], short: dict[str, Arm]) -> str:
     """Each longer (or relabelled) arm's final checkpoint against the final checkpoint of the config's
-    own run (its steps, no label; same seed and precision), paired on the tasks both evaluated: is more
-    RL, or the variant, worse than what the config gives?"""
+    own run (its steps, no label; same seed and precision), paired on the tasks both evaluated, per arm
+    and pooled: is more RL, or the variant, worse than what the config gives?"""
     head = (
         "| arm | config's run: after RL | this arm: after RL | difference [95% CI] | p |\n"
         "|---|---|---|---|---|\n"
