@@ -11,6 +11,8 @@ in every seed and on every numeric path, and does it hold when the run is longer
     python -m benchmarks.learning_matrix ... --run --jobs 6 --stop-after 420  # a lent GPU's minutes:
                                                          # arms still running at 420 s checkpoint and
                                                          # evaluate the step they reached
+    python -m benchmarks.learning_matrix ... --run --stop-after 8400  # again later: --run goes on
+                                                         # from each stopped arm's last checkpoint
     python -m benchmarks.learning_matrix ... --steps 15  # the 5x-longer arms of the same recipe, each
                                                          # also paired with its config-length arm
     python -m benchmarks.learning_matrix ... --steps 75 --versus-step 30  # each arm's end against
@@ -33,7 +35,10 @@ across arms with different warm starts.
 An arm's checkpoints (~2.6 GB for the calculator agent: the warm start and the saved steps that
 ``run.keep_last`` keeps, with their optimizer state) are deleted once its evaluations are read
 back, since the table needs only ``eval.jsonl``; ``--keep-checkpoints`` keeps them, to export or
-resume an arm.
+resume an arm. An arm that a signal or a crash stopped before its last step keeps them too, and the
+next ``--run`` continues it from its latest checkpoint (``run.resume=true``), so a run longer than
+one sitting is the same command repeated; on another machine it is left as it stands, since its
+steps would mix two numeric paths.
 
 Every arm records the machine it ran on (CPU model and flags, GPU, torch) in ``machine.json`` and
 its wall time and peak resident memory in ``wall.json``; the table names both per row. Compare an
@@ -104,27 +109,38 @@ def run_arm(
     extra: list[str],
     *,
     stop_at: float | None = None,
+    resume: bool = False,
 ) -> int:
     """The main job for one arm, in its own process (a crash or a kill loses only this arm);
-    ``stop_at``: see :func:`run_logged`."""
+    ``stop_at``: see :func:`run_logged`; ``resume``: go on from the arm's latest checkpoint."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "machine.json").write_text(json.dumps(machine_info(), indent=1))
+    if not resume:
+        (out / "machine.json").write_text(json.dumps(machine_info(), indent=1))
     sets = [
         *PRECISIONS[precision],
         f"train.seed={seed}",
         f"run.output_dir={out}",
         "run.progress=false",
         *extra,
+        *(["run.resume=true"] if resume else []),
     ]
     if steps:
         sets.append(f"train.steps={steps}")
     cmd = [sys.executable, "-m", "flowgrpo", "train", config, "--eval-n", str(eval_n), "--untrained-n", "0"]
     cmd += ["--no-report"] + [a for s in sets for a in ("--set", s)]
     print("$", " ".join(cmd), flush=True)
-    resume = resumes(extra)
+    resume = resume or resumes(extra)
     rc, wall_min, peak_gb = run_logged(cmd, out / "train.log", append=resume, stop_at=stop_at)
     record_cost(out / "wall.json", rc, wall_min, peak_gb, resume=resume)
     return rc
+
+
+NUMERIC_MACHINE = ("cpu", "cpu_flags", "gpu", "torch")
+"""What of ``machine_info()`` decides an arm's numerics: an arm is continued only where these match."""
+
+
+def same_numerics(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return all(a.get(k) == b.get(k) for k in NUMERIC_MACHINE)
 
 
 def resumes(overrides: list[str]) -> bool:
@@ -417,7 +433,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="name of the recipe variant the --set overrides make; appended to its arms' names",
     )
-    ap.add_argument("--run", action="store_true", help="run the arms that have no final evaluation yet")
+    ap.add_argument(
+        "--run",
+        action="store_true",
+        help="run the arms that have no final evaluation yet, and continue from its latest checkpoint "
+        "each arm that stopped before its last step on this machine",
+    )
     ap.add_argument(
         "--per-step",
         action="store_true",
@@ -464,22 +485,35 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(args.root) / Path(args.config).stem
     order: list[str] = []
     done: dict[str, Arm] = {}
-    todo: list[tuple[str, Path, str, int]] = []
+    todo: list[tuple[str, Path, str, int, bool]] = []  # (name, out, precision, seed, resume)
     missing: list[str] = []
+    here = machine_info()
     for precision in args.precision:
         for seed in args.seeds:
             name = arm_name(precision, seed, args.steps, args.label)
             out = base / name
             order.append(name)
             try:
-                done[name] = Arm(out)
+                arm = Arm(out)
             except (OSError, ValueError):
                 if args.run:
-                    todo.append((name, out, precision, seed))
+                    todo.append((name, out, precision, seed, False))
                 else:
                     missing.append(name)
+                continue
+            if args.run and arm.stopped_early and arm.trained_to is not None:
+                if same_numerics(arm.machine, here):
+                    todo.append((name, out, precision, seed, True))
+                    continue
+                print(
+                    f"{name}: stopped at step {arm.final.step} of {arm.steps} on {machine_label(arm.machine)} "
+                    f"({arm.machine.get('cpu')}, torch {arm.machine.get('torch')}); not continued here, "
+                    "where its remaining steps would take another numeric path",
+                    file=sys.stderr,
+                )
+            done[name] = arm
 
-    emulated = sorted({p for _, _, p, _ in todo if p in BF16_PATHS})
+    emulated = sorted({p for _, _, p, _, _ in todo if p in BF16_PATHS})
     if emulated and not args.allow_emulated and not fast_bf16(resolve_device("auto").type):
         print(
             f"--precision {' '.join(emulated)}: this machine ({machine_label(machine_info())}) has no native bf16, "
@@ -489,21 +523,30 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
 
-    def run_one(item: tuple[str, Path, str, int]) -> int | None:
-        _, out, precision, seed = item
+    def run_one(item: tuple[str, Path, str, int, bool]) -> int | None:
+        _, out, precision, seed, resume = item
         if stop_at is not None and time.monotonic() >= stop_at:
             return None  # its deadline passed while it queued: not started
         return run_arm(
-            args.config, out, precision, seed, args.steps, args.eval_n, args.overrides, stop_at=stop_at
+            args.config,
+            out,
+            precision,
+            seed,
+            args.steps,
+            args.eval_n,
+            args.overrides,
+            stop_at=stop_at,
+            resume=resume,
         )
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each arm is a process of its own
         exit_codes = list(pool.map(run_one, todo))
-    for (name, out, _, _), rc in zip(todo, exit_codes, strict=True):
+    for (name, out, _, _, resume), rc in zip(todo, exit_codes, strict=True):
         if rc is None:
             print(f"{name}: not started, --stop-after {args.stop_after:g} s had passed", file=sys.stderr)
-            missing.append(name)
-            continue
+            if not resume:
+                missing.append(name)
+                continue
         try:
             done[name] = Arm(out)
         except (OSError, ValueError) as e:
@@ -515,12 +558,12 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{name}: trained all {arm.steps} steps, but its final evaluation was cut short, so the "
                 f"table shows step {arm.final.step}; kept its checkpoints in {out / 'checkpoints'} "
-                f"(flowgrpo train --set run.resume=true evaluates step {arm.steps})"
+                f"(--run again evaluates step {arm.steps})"
             )
         elif arm.stopped_early:
             print(
                 f"{name}: stopped at step {arm.final.step} of {arm.steps}; kept its checkpoints "
-                f"in {out / 'checkpoints'} (continue it with flowgrpo train --set run.resume=true)"
+                f"in {out / 'checkpoints'} (--run again continues it)"
             )
         elif not args.keep_checkpoints and (freed := prune_checkpoints(out)):
             print(f"{name}: deleted its checkpoints ({freed / 2**30:.1f} GiB; --keep-checkpoints keeps them)")

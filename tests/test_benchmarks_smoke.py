@@ -487,7 +487,7 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
     # needs only eval.jsonl); a failed arm keeps them; --keep-checkpoints keeps them all
     import benchmarks.learning_matrix as lm
 
-    def fake_train(config, out, precision, seed, steps, eval_n, extra, *, stop_at=None) -> int:
+    def fake_train(config, out, precision, seed, steps, eval_n, extra, **_) -> int:
         (out / "checkpoints" / "step-000001").mkdir(parents=True)
         (out / "checkpoints" / "step-000001" / "model.safetensors").write_bytes(b"x" * 1000)
         if seed == 4:
@@ -516,7 +516,7 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
     )
     assert (arms / "fp16-seed5" / "checkpoints" / "step-000001" / "model.safetensors").is_file()
 
-    def stopped_train(config, out, precision, seed, steps, eval_n, extra, *, stop_at=None) -> int:
+    def stopped_train(config, out, precision, seed, steps, eval_n, extra, **_) -> int:
         fake_train(config, out, precision, 3, steps, eval_n, extra)
         (out / "config.yaml").write_text("train:\n  steps: 12\n")
         arm(out.name, [0, 1], [1, 1], final_step=9)  # a signal stopped it after step 9 of 12
@@ -528,7 +528,7 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
     assert (arms / "fp16-seed8" / "checkpoints" / "step-000001" / "model.safetensors").is_file()
     assert "fp16-seed8: stopped at step 9 of 12; kept its checkpoints" in capsys.readouterr().out
 
-    def cut_short_eval(config, out, precision, seed, steps, eval_n, extra, *, stop_at=None) -> int:
+    def cut_short_eval(config, out, precision, seed, steps, eval_n, extra, **_) -> int:
         stopped_train(config, out, precision, seed, steps, eval_n, extra)
         (out / "checkpoints" / "step_000012").mkdir()
         (out / "checkpoints" / "step_000012" / "state.pt").write_bytes(b"x")
@@ -538,7 +538,32 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
     assert main(["--seeds", "9", "--precision", "fp16", "--root", str(tmp_path), "--run"]) == 0
     out = capsys.readouterr().out
     assert "fp16-seed9: trained all 12 steps, but its final evaluation was cut short" in out
-    assert "run.resume=true evaluates step 12" in out and (arms / "fp16-seed9" / "checkpoints").is_dir()
+    assert "--run again evaluates step 12" in out and (arms / "fp16-seed9" / "checkpoints").is_dir()
+
+    # --run again: an arm stopped after step 9 goes on from its latest checkpoint, on the machine it
+    # ran on (same CPU, flags, GPU and torch); one stopped on another machine is left as it stands
+    from benchmarks._common import machine_info
+
+    continued: list[tuple[str, bool]] = []
+
+    def resumed_train(config, out, precision, seed, steps, eval_n, extra, *, resume=False, **_) -> int:
+        continued.append((out.name, resume))
+        arm(out.name, [0, 1], [1, 1], final_step=12)
+        return 0
+
+    (arms / "fp16-seed8" / "checkpoints" / "step_000009").mkdir()
+    (arms / "fp16-seed8" / "checkpoints" / "step_000009" / "state.pt").write_bytes(b"x")
+    monkeypatch.setattr(lm, "run_arm", resumed_train)
+    seed8 = ["--seeds", "8", "--precision", "fp16", "--root", str(tmp_path), "--run"]
+    assert main(seed8) == 0 and not continued
+    captured = capsys.readouterr()
+    assert "fp16-seed8: stopped at step 9 of 12 on 2-core CPU (avx512_bf16)" in captured.err
+    assert "not continued here" in captured.err and "| fp16-seed8 |" in captured.out
+    (arms / "fp16-seed8" / "machine.json").write_text(json.dumps(machine_info()))
+    assert main(seed8) == 0 and continued == [("fp16-seed8", True)]
+    assert "stopped at step" not in capsys.readouterr().out
+    assert lm.Arm(arms / "fp16-seed8").final.step == 12
+    assert main(seed8) == 0 and len(continued) == 1  # it reached step 12: nothing left to run
 
     # --jobs 2: two arms train at once (each waits for the other at a barrier), the table keeps the
     # order of the arms asked for
@@ -547,7 +572,7 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
     both = threading.Barrier(2, timeout=10)
     deadlines = []
 
-    def fake_train_together(config, out, precision, seed, steps, eval_n, extra, *, stop_at=None) -> int:
+    def fake_train_together(config, out, precision, seed, steps, eval_n, extra, *, stop_at=None, **_) -> int:
         deadlines.append(stop_at)
         both.wait()  # raises BrokenBarrierError unless the other arm runs at the same time
         arm(out.name, [0, 1], [1, 1] if seed == 7 else [0, 1])
