@@ -487,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     done: dict[str, Arm] = {}
     todo: list[tuple[str, Path, str, int, bool]] = []  # (name, out, precision, seed, resume)
     missing: list[str] = []
-    here = machine_info()
+    here = machine_info() if args.run else {}  # only --run compares machines or starts arms
     for precision in args.precision:
         for seed in args.seeds:
             name = arm_name(precision, seed, args.steps, args.label)
@@ -516,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     emulated = sorted({p for _, _, p, _, _ in todo if p in BF16_PATHS})
     if emulated and not args.allow_emulated and not fast_bf16(resolve_device("auto").type):
         print(
-            f"--precision {' '.join(emulated)}: this machine ({machine_label(machine_info())}) has no native bf16, "
+            f"--precision {' '.join(emulated)}: this machine ({machine_label(here)}) has no native bf16, "
             "so those arms would sample under emulation, several times slower, on a numeric path that says "
             "nothing about where bf16 is native. Run --precision fp32 (or auto) here, or add --allow-emulated",
             file=sys.stderr,
