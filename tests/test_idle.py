@@ -20,6 +20,11 @@ def test_likely_causes_read_the_steps_metrics():
     assert "6 of 8 episodes hit rollout.max_new_tokens" in causes[1] and len(causes) == 2
     assert "every episode scores the same" in likely_causes({"reward_mean": 1.0, "reward_std": 0.0}, 8)[0]
     assert "group_size=2" in likely_causes({"reward_std": 0.3}, 2)[0]
+    assert likely_causes({"reward_std": 0.3}, 8) == [
+        "each group's rewards were equal within it, though they differ across groups "
+        "(zero_variance_groups in metrics.jsonl): the tasks are too easy or too hard for this "
+        "policy at this train.group_size"
+    ]
 
 
 def test_the_watch_warns_every_few_idle_steps_and_at_the_end(caplog):

@@ -36,7 +36,11 @@ def likely_causes(m: Mapping[str, float], group_size: int) -> list[str]:
             f"train.group_size={group_size} is small: equal rewards in a group are likely; raise it"
         )
     if not causes:
-        causes.append("every group's rewards were equal (zero_variance_groups in metrics.jsonl)")
+        causes.append(
+            "each group's rewards were equal within it, though they differ across groups "
+            "(zero_variance_groups in metrics.jsonl): the tasks are too easy or too hard for this "
+            "policy at this train.group_size"
+        )
     return causes
 
 
@@ -63,8 +67,8 @@ class IdleWatch:
         when = "so far" if running else "in this run"
         causes = "; ".join(likely_causes(self._last, self.group_size))
         return (
-            f"{len(self.idle)} of {self.steps} RL steps {when} trained nothing (0 optimizer steps: every "
-            f"group's rewards were equal). Likely: {causes}"
+            f"{len(self.idle)} of {self.steps} RL steps {when} trained nothing (0 optimizer steps). "
+            f"Likely: {causes}"
         )
 
     def summary(self) -> str | None:
