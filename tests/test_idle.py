@@ -25,6 +25,10 @@ def test_likely_causes_read_the_steps_metrics():
         "(zero_variance_groups in metrics.jsonl): the tasks are too easy or too hard for this "
         "policy at this train.group_size"
     ]
+    assert likely_causes({}, 8) == [  # no reward spread recorded: nothing said about other groups
+        "each group's rewards were equal within it (zero_variance_groups in metrics.jsonl): the "
+        "tasks are too easy or too hard for this policy at this train.group_size"
+    ]
 
 
 def test_the_watch_warns_every_few_idle_steps_and_at_the_end(caplog):

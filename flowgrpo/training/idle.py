@@ -36,10 +36,10 @@ def likely_causes(m: Mapping[str, float], group_size: int) -> list[str]:
             f"train.group_size={group_size} is small: equal rewards in a group are likely; raise it"
         )
     if not causes:
+        across = ", though they differ across groups" if m.get("reward_std", 0.0) > 0.0 else ""
         causes.append(
-            "each group's rewards were equal within it, though they differ across groups "
-            "(zero_variance_groups in metrics.jsonl): the tasks are too easy or too hard for this "
-            "policy at this train.group_size"
+            f"each group's rewards were equal within it{across} (zero_variance_groups in "
+            "metrics.jsonl): the tasks are too easy or too hard for this policy at this train.group_size"
         )
     return causes
 
