@@ -344,10 +344,12 @@ def signals_table(rows: list[tuple[str, Arm]]) -> str:
 def versus_short(rows: list[tuple[str, Arm]], short: dict[str, Arm]) -> str:
     """Each longer (or relabelled) arm's final checkpoint against the final checkpoint of the config's
     own run (its steps, no label; same seed and precision), paired on the tasks both evaluated, per arm
-    and pooled: is more RL, or the variant, worse than what the config gives?"""
+    and pooled: is more RL, or the variant, worse than what the config gives? The last column counts
+    the tasks on which the two warm starts agree: all of them when the warm start is reproducible, so
+    the difference is the RL phase's alone."""
     head = (
-        "| arm | config's run: after RL | this arm: after RL | difference [95% CI] | p |\n"
-        "|---|---|---|---|---|\n"
+        "| arm | config's run: after RL | this arm: after RL | difference [95% CI] | p | warm starts agree |\n"
+        "|---|---|---|---|---|---|\n"
     )
     lines, a, b = [], [], []
     for name, arm in rows:
@@ -358,11 +360,13 @@ def versus_short(rows: list[tuple[str, Arm]], short: dict[str, Arm]) -> str:
         a += xa
         b += xb
         c = paired_difference(xa, xb)
+        wa, wb = paired_outcomes(base.warm, arm.warm)
+        agree = sum(x == y for x, y in zip(wa, wb, strict=True))
         lines.append(
             f"| {name} | {c.accuracy_a:.3f} (step {base.final.step}) | {c.accuracy_b:.3f} (step {arm.final.step}) | "
-            f"{difference_cells(c)} |"
+            f"{difference_cells(c)} | {agree}/{len(wa)} |"
         )
-    return head + "\n".join(with_pooled(lines, a, b, empty_cells=0)) if lines else ""
+    return head + "\n".join(with_pooled(lines, a, b, empty_cells=1)) if lines else ""
 
 
 def versus_step(rows: list[tuple[str, Arm]], step: int) -> str:

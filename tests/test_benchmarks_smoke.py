@@ -432,7 +432,7 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
     vs = out.split("against the config's own run")[1]
     row = next(r for r in vs.splitlines() if r.startswith("| fp32-seed0-steps15")).split(" | ")
     assert row[1:4] == ["0.833 (step 3)", "1.000 (step 15)", row[3]] and row[3].startswith("+16.7 [")
-    assert row[4] == "1 |"  # one task fixed, none broken: exact McNemar p = 1
+    assert row[4:] == ["1", "6/6 |"]  # one task fixed, none broken: p = 1; the warm starts agree on all 6
 
     # --versus-step: each arm's end against its own evaluation at that step, per arm and pooled; the
     # peak is the curve's best evaluation of the final's n
@@ -469,19 +469,22 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
     vs = out.split("the 15-step anchored arms against the config's own run")[1]
     row = next(r for r in vs.splitlines() if r.startswith("| fp32-seed0-steps15-anchored")).split(" | ")
     assert row[1:3] == ["0.833 (step 3)", "0.333 (step 15)"] and row[3].startswith("-50.0 [")
-    assert row[4] == "0.25 |"  # three tasks broken, none fixed: exact McNemar p = 2 / 8
+    assert row[4:] == ["0.25", "6/6 |"]  # three tasks broken, none fixed: exact McNemar p = 2 / 8
     # ... and with the config's own run of the same length, the control for its overrides
     vs = out.split("the 15-step anchored arms against the config's own 15-step run")[1]
     row = next(r for r in vs.splitlines() if r.startswith("| fp32-seed0-steps15-anchored")).split(" | ")
     assert row[1:3] == ["0.833 (step 15)", "0.333 (step 15)"] and row[3].startswith("-50.0 [")
-    assert row[4] == "0.25 |"
-    # two seeds: the control comparison gets a pooled test over both arms' pairs
-    arm("fp32-seed1-steps15-anchored", [0, 0, 1, 1], [1, 1, 0, 1], final_step=15)
+    assert row[4:] == ["0.25", "6/6 |"]
+    # two seeds: the control comparison gets a pooled test over both arms' pairs; this seed's warm
+    # start differs from its control's on one task of four, and the table says so
+    arm("fp32-seed1-steps15-anchored", [1, 0, 1, 1], [1, 1, 0, 1], final_step=15)
     assert main(["--seeds", "0", "1", "--steps", "15", "--label", "anchored", "--root", str(tmp_path)]) == 0
     vs = capsys.readouterr().out.split("the 15-step anchored arms against the config's own 15-step run")[1]
+    row = next(r for r in vs.splitlines() if r.startswith("| fp32-seed1-steps15-anchored")).split(" | ")
+    assert row[-1] == "3/4 |"
     row = next(r for r in vs.splitlines() if r.startswith("| **pooled**")).split(" | ")
     assert row[0] == "| **pooled** (2 arms, n=10)" and row[1:3] == ["0.900", "0.500"]
-    assert row[3].startswith("-40.0 [") and row[4] == "0.12 |"  # 4 broken, none fixed: p = 2 / 16
+    assert row[3].startswith("-40.0 [") and row[4] == "0.12"  # 4 broken, none fixed: p = 2 / 16
 
     # --run: a finished arm's checkpoints are deleted once its evaluations are read back (the table
     # needs only eval.jsonl); a failed arm keeps them; --keep-checkpoints keeps them all
