@@ -290,8 +290,9 @@ def table(rows: list[tuple[str, Arm]], pooled: PairedComparison | None) -> str:
         c = arm.cmp
         curve = " ".join(f"{acc:.2f}" for _, acc, _ in arm.curve) or "-"
         n_curve = arm.curve[0][2] if arm.curve else None
+        reached = f" (step {arm.final.step} of {arm.steps})" if arm.stopped_early else ""
         lines.append(
-            f"| {name} | {machine_label(arm.machine)} | {c.accuracy_a:.3f} | {c.accuracy_b:.3f} | "
+            f"| {name} | {machine_label(arm.machine)} | {c.accuracy_a:.3f} | {c.accuracy_b:.3f}{reached} | "
             f"{difference_cells(c)} | "
             f"{curve}{f' (n={n_curve})' if n_curve else ''} | "
             f"{wall_cell(arm)} |"

@@ -562,6 +562,7 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
     captured = capsys.readouterr()
     assert "fp16-seed8: stopped at step 9 of 12 on 2-core CPU (avx512_bf16)" in captured.err
     assert "not continued here" in captured.err and "| fp16-seed8 |" in captured.out
+    assert "| 1.000 (step 9 of 12) |" in captured.out  # the table says the arm has not reached its end
     (arms / "fp16-seed8" / "machine.json").write_text(json.dumps(machine_info()))
     assert main(seed8) == 0 and continued == [("fp16-seed8", True)]
     assert "stopped at step" not in capsys.readouterr().out
