@@ -311,12 +311,14 @@ def step_signals(out: Path) -> list[dict[str, float]]:
     """The RL steps of an arm's ``metrics.jsonl`` (not the warm start's or the evaluations' lines):
     what says why an arm gained or not (docs/learning.md section 10): how far the sampler's logprobs
     sit from the trainer's at the first update, exploration, how many sampled groups carried a
-    signal, the distance from the warm start, and where the step's time went."""
-    return [m.values for m in RunDir(out).metrics() if "episodes" in m.values and "loss" in m.values]
+    signal, the distance from the warm start, and where the step's time went. A step whose groups
+    all carried one reward has no update, and is kept: it is what "groups trained 0/G" counts."""
+    return [m.values for m in RunDir(out).metrics() if "episodes" in m.values]
 
 
 def signals_table(rows: list[tuple[str, Arm]]) -> str:
-    """One line per arm, one comma-separated entry per RL step ("-" where a run predates a field)."""
+    """One line per arm, one comma-separated entry per RL step: "-" for a step without the field
+    (no update: no ratio, entropy or KL), a lone "-" where the run predates the field."""
     cells = {
         "ratio": lambda s: f"{s['sampler_ratio_min']:.2f}-{s['sampler_ratio_max']:.2f}",
         "entropy": lambda s: f"{s['entropy']:.3f}",
@@ -325,11 +327,15 @@ def signals_table(rows: list[tuple[str, Arm]]) -> str:
         "time": lambda s: f"{s['time/rollout_s']:.0f}+{s['time/update_s']:.0f} s",
     }
 
-    def per_step(steps: list[dict[str, float]], cell: Any) -> str:
+    def entry(step: dict[str, float], cell: Any) -> str:
         try:
-            return ", ".join(cell(s) for s in steps)
+            return cell(step)
         except KeyError:
             return "-"
+
+    def per_step(steps: list[dict[str, float]], cell: Any) -> str:
+        entries = [entry(s, cell) for s in steps]
+        return "-" if set(entries) == {"-"} else ", ".join(entries)
 
     head = (
         "| arm | sampler ratio min-max | entropy (nats/token) | groups trained / sampled | KL | "

@@ -614,3 +614,43 @@ def test_rss_trace_follows_a_child_that_grows(tmp_path, capsys) -> None:
     samples = [float(line.split("\t")[1]) for line in out.read_text().splitlines()]
     assert max(samples) == peak and len(samples) >= 5
     assert main(["--", sys.executable, "-c", "raise SystemExit(3)"]) == 3  # the command's exit code
+
+
+def test_learning_matrix_signals_keep_steps_without_an_update(tmp_path) -> None:
+    """A step whose every group had one reward trains nothing; its "0/6" is the no-signal count
+    the table exists to show, so it stays, with "-" where only an update has a value."""
+    import json
+
+    from benchmarks.learning_matrix import signals_table, step_signals
+
+    trained = {"sampler_ratio_min": 0.99, "sampler_ratio_max": 1.01, "entropy": 0.03, "kl": 0.002}
+    lines = [
+        {"step": 0, "sft/loss": 0.2, "sft/tokens": 100.0, "sft/epoch": 0},
+        {
+            "step": 1,
+            "episodes": 96.0,
+            "loss": 0.1,
+            "groups_trained": 4.0,
+            "groups_sampled": 6.0,
+            "time/rollout_s": 60.0,
+            "time/update_s": 200.0,
+            **trained,
+        },
+        {
+            "step": 2,
+            "episodes": 96.0,
+            "groups_trained": 0.0,
+            "groups_sampled": 6.0,
+            "time/rollout_s": 50.0,
+            "time/update_s": 0.0,
+        },
+        {"step": 2, "eval/accuracy": 0.9, "eval/ci95_low": 0.85, "eval/ci95_high": 0.94},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert [s["groups_trained"] for s in step_signals(tmp_path)] == [4.0, 0.0]
+
+    class Arm:
+        out = tmp_path
+
+    row = signals_table([("arm", Arm())]).splitlines()[-1]  # type: ignore[list-item]
+    assert row == "| arm | 0.99-1.01, - | 0.030, - | 4/6, 0/6 | 0.002, - | 60+200 s, 50+0 s |"
