@@ -608,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.versus_step is not None:
         vs_step = versus_step(rows, args.versus_step)
         print(f"\nafter RL against each arm's own step {args.versus_step}, same tasks\n")
-        print(vs_step or f"no arm has an evaluation at step {args.versus_step}")
+        print(vs_step or f"no arm has an evaluation at step {args.versus_step} before its final")
     if missing:
         print(f"\nnot run yet: {', '.join(missing)} (add --run)")
     return 0 if rows else 1

@@ -450,7 +450,7 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
     assert pooled[1:3] == ["0.900", "0.900"] and pooled[3].startswith("+0.0 [") and pooled[4] == "1"
     assert "fp32-seed2-steps15" not in rows
     assert main([*argv[:-1], "7"]) == 0
-    assert "no arm has an evaluation at step 7" in capsys.readouterr().out
+    assert "no arm has an evaluation at step 7 before its final" in capsys.readouterr().out
     # a curve narrower than the final (the first run.eval_n tasks) pairs on the tasks both evaluated
     arm("fp32-seed2-steps15", [0, 0, 0, 0], [1, 0, 1, 1], curve=[1, 1], final_step=15)
     assert main(argv) == 0
