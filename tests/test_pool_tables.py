@@ -29,19 +29,16 @@ def test_one_arm_gives_the_printed_figures_of_its_own_run() -> None:
     assert f"{c.p_value:.2g}" == "1.1e-09"
 
 
-def test_pooled_is_the_concatenation_of_the_arms_pairs() -> None:
+def test_pooled_is_the_table_of_the_summed_counts() -> None:
     arms = [(184, 3, 3, 1), (155, 1, 35, 0), (181, 0, 8, 2)]
-    a: list[int] = []
-    b: list[int] = []
-    for counts in arms:
-        xa, xb = outcomes(*counts)
-        a += xa
-        b += xb
-    assert pooled(arms) == paired_difference(a, b)
+    # Concatenating the arms' pairs gives one 2x2 table whose cells are the sums: 520, 4, 46, 3.
+    a, b = outcomes(520, 4, 46, 3)
     c = pooled(arms)
+    assert c == paired_difference(a, b)
     # docs/learning.md section 45: 0.914 -> 0.988, +7.3 [+5.1, +9.9], p = 4.5e-10, n = 573.
     assert c.n == 573 and c.only_b == 46 and c.only_a == 4
     assert (round(c.accuracy_a, 3), round(c.accuracy_b, 3)) == (0.914, 0.988)
+    assert (round(100 * c.ci95[0], 1), round(100 * c.ci95[1], 1)) == (5.1, 9.9)
     assert f"{c.p_value:.2g}" == "4.5e-10"
 
 
