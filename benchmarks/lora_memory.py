@@ -41,6 +41,7 @@ def child(lora: bool) -> None:
         "train.drop_zero_variance_groups=false",
         "train.resample_rounds=0",
         "sft.enabled=false",
+        "sft.replay_coef=0",
         "rollout.max_new_tokens=16",
         "rollout.max_turns=1",
     ]

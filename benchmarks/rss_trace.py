@@ -1,7 +1,8 @@
 """The resident memory of a command over time: where in a run the memory goes, not only its peak.
 
     python -m benchmarks.rss_trace --out trace.tsv -- flowgrpo train examples/search_agent.yaml \\
-        --eval-n 0 --untrained-n 0 --set model.name=WARM_DIR --set sft.enabled=false --set train.steps=4
+        --eval-n 0 --untrained-n 0 --set model.name=WARM_DIR --set sft.enabled=false --set sft.replay_coef=0 \\
+        --set train.steps=4
 
 Runs the command after ``--`` and samples the resident size of its whole process tree (the
 command and every descendant, from ``/proc``) every ``--every`` seconds. ``--out`` writes one

@@ -33,6 +33,7 @@ STEP = [
     "run.save_every=0",
     "run.save_trajectories=false",
     "sft.enabled=false",
+    "sft.replay_coef=0",
     "train.steps=1",
     "train.tasks_per_step=4",
     "train.group_size=4",

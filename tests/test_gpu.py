@@ -29,7 +29,7 @@ from tests.toy import CALCULATOR, SMALL
 pytestmark = pytest.mark.gpu
 
 # The shared tiny calculator run on the GPU, without its warm start (tests that want it enable it).
-GPU_SMALL = [*SMALL, "model.device=cuda", "sft.enabled=false"]
+GPU_SMALL = [*SMALL, "model.device=cuda", "sft.enabled=false", "sft.replay_coef=0"]
 
 
 def _cfg(tmp_path, *overrides: str):

@@ -37,6 +37,7 @@ TINY_RUN = [
     "train.resample_rounds=0",
     "rollout.max_new_tokens=16",
     "sft.enabled=false",
+    "sft.replay_coef=0",  # nothing to replay without the warm start
     "run.progress=false",
     "run.save_every=1",
     "run.eval_every=1",
