@@ -13,8 +13,9 @@ in the run's environment, and prints, per value of ``task.metadata[KEY]`` and pe
 of correct episodes, n and the Wilson 95% interval, and the mean number of turns. It answers "which
 kind of task did RL fix or break" where one accuracy hides it (e.g. 1-hop against 2-hop questions).
 ``--paired`` adds, per value, the difference from the first label to the last on the tasks both
-evaluated (Newcombe 95% interval, exact McNemar p): a paired test on one kind of task, such as the
-2-hop questions alone. Name that kind before reading the table; a kind picked after it makes the
+evaluated (Newcombe 95% interval, exact McNemar p, tasks fixed and broken, and the 2x2 counts that
+``benchmarks.pool_tables`` pools): a paired test on one kind of task, such as the 2-hop questions
+alone. Name that kind before reading the table; a kind picked after it makes the
 p-value mean little. With ``--steps`` it reads the trajectories each training step sampled
 (``RUN/trajectories``) instead, and each cell also counts the tasks (groups) of that kind in the
 step's batch: what each update was pushed toward. ``--decision N`` adds a table of the N-th turn
@@ -56,7 +57,9 @@ def decision_cell(trajs: list[Trajectory], turn: int) -> str:
 
 def paired_cell(first: list[Trajectory], last: list[Trajectory]) -> str:
     """The last evaluation against the first on the tasks both hold (one greedy episode per task):
-    difference in points [Newcombe 95% CI], exact McNemar p."""
+    difference in points [Newcombe 95% CI], exact McNemar p, the tasks fixed and broken, and the
+    2x2 counts (both right, only first, only last, neither) that ``benchmarks.pool_tables --arm``
+    takes to pool this comparison with others."""
     a = {t.task_id: accuracy_of(t) >= 1.0 for t in first}
     b = {t.task_id: accuracy_of(t) >= 1.0 for t in last}
     shared = [k for k in a if k in b]
@@ -64,7 +67,10 @@ def paired_cell(first: list[Trajectory], last: list[Trajectory]) -> str:
         return "no shared tasks"
     c = paired_difference([a[k] for k in shared], [b[k] for k in shared])
     lo, hi = c.ci95
-    return f"{100 * c.difference:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}], p = {c.p_value:.2g} (n = {c.n})"
+    return (
+        f"{100 * c.difference:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}], p = {c.p_value:.2g} "
+        f"(n = {c.n}; {c.only_b} fixed, {c.only_a} broken; 2x2 {c.counts})"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -280,6 +280,14 @@ def wall_cell(arm: Arm) -> str:
     return ", ".join(parts) or "-"
 
 
+def pool_command(rows: list[tuple[str, Arm]]) -> str:
+    """The arms' 2x2 counts (warm start against final) as a ``benchmarks.pool_tables`` command: how
+    they join a pooled test with arms whose run directories stayed on another machine."""
+    return "python -m benchmarks.pool_tables " + " ".join(
+        f"--arm {name}={arm.cmp.counts}" for name, arm in rows
+    )
+
+
 def table(rows: list[tuple[str, Arm]], pooled: PairedComparison | None) -> str:
     head = (
         "| arm | machine | warm start | after RL | difference [95% CI] | p | curve during RL | wall, memory |\n"
@@ -585,6 +593,9 @@ def main(argv: list[str] | None = None) -> int:
         pooled = paired_difference([x for _, r in rows for x in r.a], [x for _, r in rows for x in r.b])
     print(f"{args.config}: warm start vs after RL, greedy, paired on the same held-out tasks\n")
     print(table(rows, pooled))
+    if rows:
+        print("\n2x2 counts (both right, only the warm start, only the final, neither), to pool elsewhere:\n")
+        print(f"    {pool_command(rows)}")
     if args.per_step and (signals := signals_table(rows)):
         print("\nper RL step, from each arm's metrics.jsonl (first minibatch's sampler ratio)\n")
         print(signals)

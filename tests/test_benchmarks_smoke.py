@@ -186,8 +186,12 @@ def test_by_task_splits_recorded_evaluations_by_a_task_field(tmp_path, capsys) -
     assert main([str(tmp_path), "warm", "step3", "--key", "hops", "--paired"]) == 0
     rows = capsys.readouterr().out.splitlines()
     assert rows[0].endswith(" | step3 - warm, paired [95% CI], p |") and rows[1] == "|---|---|---|---|"
-    assert rows[2].split(" | ")[-1].startswith("+50.0 [") and rows[2].endswith("], p = 1 (n = 2) |")
-    assert rows[3].split(" | ")[-1].startswith("-100.0 [") and rows[3].endswith("], p = 1 (n = 1) |")
+    assert rows[2].split(" | ")[-1].startswith("+50.0 [") and rows[2].endswith(
+        "], p = 1 (n = 2; 1 fixed, 0 broken; 2x2 1,0,1,0) |"
+    )
+    assert rows[3].split(" | ")[-1].startswith("-100.0 [") and rows[3].endswith(
+        "], p = 1 (n = 1; 0 fixed, 1 broken; 2x2 0,1,0,0) |"
+    )
     with pytest.raises(SystemExit):
         main([str(tmp_path), "warm", "--key", "hops", "--paired"])  # one label: nothing to pair
     (tmp_path / "trajectories").mkdir()  # the same episodes as step 4's sampled batch: 2 + 1 tasks
@@ -402,6 +406,7 @@ def test_learning_matrix_pairs_each_arm_with_its_own_warm_start_and_pools(
         pooled[1:4] == ["2-core CPU (avx512_bf16)", "0.500", "0.900"] and pooled[5] == "0.22"
     )  # 5 fixed vs 1 broken: p = 2 * 7/64 = 0.22
     assert "not run yet: fp32-seed2 (add --run)" in out
+    assert "python -m benchmarks.pool_tables --arm fp32-seed0=2,1,3,0 --arm fp32-seed1=2,0,2,0" in out
 
     # --per-step: the RL steps of an arm's metrics.jsonl, one entry per step; an arm without one is left out
     step = {"episodes": 64, "loss": 0.1, "sampler_ratio_min": 0.5, "sampler_ratio_max": 1.25, "entropy": 0.04}

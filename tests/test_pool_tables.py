@@ -23,7 +23,7 @@ def test_one_arm_gives_the_printed_figures_of_its_own_run() -> None:
     # docs/learning.md section 40, seed 1: step 30 (156 of 191) -> step 150 (190 of 191),
     # 35 fixed, 1 broken: +17.8 [+12.3, +23.9], p = 1.1e-09.
     c = pooled([(155, 1, 35, 0)])
-    assert c.n == 191 and c.only_a == 1 and c.only_b == 35
+    assert c.n == 191 and c.only_a == 1 and c.only_b == 35 and c.counts == "155,1,35,0"
     assert round(100 * c.difference, 1) == 17.8
     assert (round(100 * c.ci95[0], 1), round(100 * c.ci95[1], 1)) == (12.3, 23.9)
     assert f"{c.p_value:.2g}" == "1.1e-09"

@@ -52,7 +52,7 @@ def test_paired_difference_counts_and_interval():
     a = [1] * 8 + [1] * 1 + [0] * 6 + [0] * 5
     b = [1] * 8 + [0] * 1 + [1] * 6 + [0] * 5
     c = paired_difference(a, b)
-    assert (c.n, c.only_a, c.only_b) == (20, 1, 6)
+    assert (c.n, c.both, c.only_a, c.only_b) == (20, 8, 1, 6) and c.counts == "8,1,6,5"
     assert c.accuracy_a == pytest.approx(9 / 20) and c.accuracy_b == pytest.approx(14 / 20)
     assert c.difference == pytest.approx(0.25)
     assert c.ci95[0] < 0.25 < c.ci95[1] and c.ci95[0] >= -1 and c.ci95[1] <= 1

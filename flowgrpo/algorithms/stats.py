@@ -81,11 +81,18 @@ class PairedComparison(BaseModel):
     n: int
     accuracy_a: float
     accuracy_b: float
+    both: int  # concordant: both right
     only_a: int  # discordant: A right, B wrong
     only_b: int  # discordant: B right, A wrong
     difference: float  # accuracy_b - accuracy_a
     ci95: tuple[float, float]
     p_value: float  # exact McNemar, two-sided
+
+    @property
+    def counts(self) -> str:
+        """The 2x2 table as ``BOTH,ONLY_A,ONLY_B,NEITHER``: all a paired test depends on, and what
+        ``benchmarks.pool_tables --arm NAME=...`` takes to pool it with arms of other runs."""
+        return f"{self.both},{self.only_a},{self.only_b},{self.n - self.both - self.only_a - self.only_b}"
 
     def summary(self, name_a: str = "A", name_b: str = "B") -> str:
         lo, hi = self.ci95
@@ -130,6 +137,7 @@ def paired_difference(a: Sequence[bool | int], b: Sequence[bool | int], z: float
         n=n,
         accuracy_a=pa,
         accuracy_b=pb,
+        both=both,
         only_a=only_a,
         only_b=only_b,
         difference=d,
